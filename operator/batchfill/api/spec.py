@@ -1,0 +1,406 @@
+"""The BatchedModel spec: pydantic v2 models, the single source of the CRD schema.
+
+Field names follow the Kubernetes API conventions (camelCase) for Kubernetes things and Triton's own terms
+for Triton things (``maxBatchSize`` is Triton's ``max_batch_size``). Units live in the names: ``...Ms`` are
+milliseconds, ``...Microseconds`` microseconds. Descriptions become the CRD's descriptions, so they are what
+``kubectl explain batchedmodel.spec`` shows.
+
+Rules that span several fields carry a CEL rule (``x-kubernetes-validations``) so the API server enforces
+them, and are checked again in :mod:`batchfill.api.validate` so the same errors reach ``batchfill plan``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP = "batchfill.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "BatchedModel"
+PLURAL = "batchedmodels"
+SINGULAR = "batchedmodel"
+SHORT_NAMES = ("bm",)
+
+#: Triton 2.51 (NGC release 24.10), the version the rendered config is tested against.
+DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
+    """One CEL validation rule for ``x-kubernetes-validations`` (apiextensions.k8s.io/v1)."""
+    r: dict[str, Any] = {"rule": rule, "message": message}
+    if field_path:
+        r["fieldPath"] = field_path
+    return r
+
+
+class _Model(BaseModel):
+    """Base: unknown fields are errors (the CRD is structural and prunes them; we say so instead)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class DataType(StrEnum):
+    """Triton tensor data types, as spelled in ``config.pbtxt`` (``model_config.proto`` ``DataType``)."""
+
+    TYPE_BOOL = "TYPE_BOOL"
+    TYPE_UINT8 = "TYPE_UINT8"
+    TYPE_UINT16 = "TYPE_UINT16"
+    TYPE_UINT32 = "TYPE_UINT32"
+    TYPE_UINT64 = "TYPE_UINT64"
+    TYPE_INT8 = "TYPE_INT8"
+    TYPE_INT16 = "TYPE_INT16"
+    TYPE_INT32 = "TYPE_INT32"
+    TYPE_INT64 = "TYPE_INT64"
+    TYPE_FP16 = "TYPE_FP16"
+    TYPE_FP32 = "TYPE_FP32"
+    TYPE_FP64 = "TYPE_FP64"
+    TYPE_STRING = "TYPE_STRING"
+    TYPE_BF16 = "TYPE_BF16"
+
+
+class TensorSpec(_Model):
+    """One model input or output."""
+
+    name: str = Field(min_length=1, max_length=253, description="Tensor name as the model defines it.")
+    dataType: DataType = Field(description="Triton data type, e.g. TYPE_FP32.")
+    dims: list[Annotated[int, Field(ge=-1)]] = Field(
+        min_length=1,
+        max_length=16,
+        description=(
+            "Shape of ONE sample, without the batch axis (Triton adds it when maxBatchSize > 0). "
+            "-1 marks a variable-size axis. If your shape includes the batch axis, set includesBatchDim."
+        ),
+    )
+    includesBatchDim: bool = Field(
+        default=False,
+        description=(
+            "dims starts with the batch axis. batchfill removes exactly that one axis when batching is on "
+            "and keeps the full shape when batching is off (maxBatchSize 0)."
+        ),
+    )
+    rank: int | None = Field(
+        default=None,
+        ge=1,
+        le=17,
+        description="Optional rank of the tensor the model really takes, batch axis included; checked against dims.",
+    )
+    allowRaggedBatch: bool = Field(
+        default=False,
+        description="Input only: batch requests of different shapes without padding. Needs spec.model.batchInputs.",
+    )
+
+
+class BatchInputKind(StrEnum):
+    """Triton ``BatchInput.Kind``: extra tensors that describe a ragged batch to the model."""
+
+    BATCH_ELEMENT_COUNT = "BATCH_ELEMENT_COUNT"
+    BATCH_ACCUMULATED_ELEMENT_COUNT = "BATCH_ACCUMULATED_ELEMENT_COUNT"
+    BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO = "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO"
+    BATCH_MAX_ELEMENT_COUNT_AS_SHAPE = "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE"
+    BATCH_ITEM_SHAPE = "BATCH_ITEM_SHAPE"
+    BATCH_ITEM_SHAPE_FLATTEN = "BATCH_ITEM_SHAPE_FLATTEN"
+
+
+class BatchInput(_Model):
+    """A Triton ``batch_input`` entry (ragged batching); see Triton's ragged_batching.md."""
+
+    kind: BatchInputKind
+    targetName: str = Field(min_length=1, description="Name of the extra tensor the model receives.")
+    dataType: DataType
+    sourceInputs: list[str] = Field(min_length=1, description="Inputs the batch input is computed from.")
+
+
+class PVCSource(_Model):
+    """Model repository on a PersistentVolumeClaim."""
+
+    claimName: str = Field(min_length=1, max_length=253)
+    path: str = Field(default="", description="Sub-path of the volume that holds the model repository.")
+
+
+class ImageSource(_Model):
+    """Model repository inside an OCI image (Kubernetes image volume)."""
+
+    reference: str = Field(min_length=1, description="OCI image reference holding the model repository.")
+    path: str = Field(default="", description="Directory inside the image that holds the model repository.")
+
+
+class ModelRepository(_Model):
+    """Where the model files come from. Exactly one source."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "(has(self.pvc) ? 1 : 0) + (has(self.image) ? 1 : 0) + (has(self.uri) ? 1 : 0) == 1",
+                    "exactly one of pvc, image or uri must be set",
+                )
+            ]
+        }
+    )
+
+    pvc: PVCSource | None = None
+    image: ImageSource | None = None
+    uri: str | None = Field(
+        default=None,
+        pattern=r"^(s3|gs|as)://.+",
+        description="Object-store model repository, as tritonserver --model-repository takes it (s3://, gs://, as://).",
+    )
+
+
+class SequenceStrategy(StrEnum):
+    """Triton sequence-batcher strategy for stateful models."""
+
+    OLDEST = "Oldest"
+    DIRECT = "Direct"
+
+
+class ModelSpec(_Model):
+    """The Triton model that is served."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("has(self.backend) != has(self.platform)", "exactly one of backend or platform must be set"),
+            ]
+        }
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="Triton model name: the directory in the repository and the `model` label on nv_* metrics.",
+    )
+    backend: str | None = Field(
+        default=None, description="Triton backend, e.g. onnxruntime, python, pytorch, tensorrt."
+    )
+    platform: str | None = Field(
+        default=None, description="Triton platform, e.g. tensorrt_plan, onnxruntime_onnx (instead of backend)."
+    )
+    stateful: bool = Field(
+        default=False, description="The model keeps state per sequence: Triton's sequence batcher is used."
+    )
+    sequenceStrategy: SequenceStrategy = Field(
+        default=SequenceStrategy.OLDEST,
+        description="Sequence-batcher strategy when stateful. Always written out explicitly.",
+    )
+    inputs: list[TensorSpec] = Field(default_factory=list, max_length=64, description="Optional inputs.")
+    outputs: list[TensorSpec] = Field(default_factory=list, max_length=64, description="Optional outputs.")
+    batchInputs: list[BatchInput] = Field(
+        default_factory=list, max_length=16, description="Triton batch_input entries for ragged batching."
+    )
+    repository: ModelRepository | None = Field(default=None, description="Where the model files come from.")
+
+
+class SLASpec(_Model):
+    """The latency promise."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.networkOverheadMs) || self.networkOverheadMs < self.latencyP99Ms",
+                    "networkOverheadMs must be less than latencyP99Ms",
+                    ".networkOverheadMs",
+                )
+            ]
+        }
+    )
+
+    latencyP99Ms: float = Field(
+        gt=0, le=3_600_000, description="End-to-end p99 latency the service promises, in milliseconds."
+    )
+    networkOverheadMs: float = Field(
+        default=0,
+        ge=0,
+        le=3_600_000,
+        description="Budget outside Triton (network, pre/post processing), in ms. Triton's budget is the rest.",
+    )
+
+
+class ProfilePoint(_Model):
+    """Execution latency of one batch size."""
+
+    batchSize: int = Field(ge=1, le=1_000_000, description="Batch size (samples per execution).")
+    latencyMs: float = Field(
+        gt=0, le=3_600_000, description="Execution latency of one batch of this size, in milliseconds (a high percentile)."
+    )
+
+
+class BatchingSpec(_Model):
+    """Optional bounds and overrides of the derived plan. Overrides that break the SLA are rejected."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.preferredBatchSizes) || !has(self.maxBatchSize) || "
+                    "self.preferredBatchSizes.all(p, p <= self.maxBatchSize)",
+                    "every preferredBatchSizes entry must be <= maxBatchSize",
+                    ".preferredBatchSizes",
+                ),
+                cel(
+                    "!has(self.preferredBatchSizes) || size(self.preferredBatchSizes) == 0 || "
+                    "!has(self.maxBatchSize) || self.maxBatchSize > 0",
+                    "preferredBatchSizes need batching: maxBatchSize must be > 0",
+                    ".preferredBatchSizes",
+                ),
+            ]
+        }
+    )
+
+    maxBatchSize: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Upper bound on Triton's max_batch_size (e.g. a GPU-memory cap). 0 turns batching off.",
+    )
+    preferredBatchSizes: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None,
+        max_length=32,
+        description="Override Triton's preferred_batch_size. Each must be in [1, maxBatchSize].",
+    )
+    maxQueueDelayMicroseconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3_600_000_000,
+        description=(
+            "Override Triton's max_queue_delay_microseconds (MICROseconds). Must leave room for execution "
+            "within the SLA. 0 is not accepted: its behaviour depends on the Triton version."
+        ),
+    )
+    instancesPerGpu: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Model instances per GPU (instance_group count). Executions on one GPU share it.",
+    )
+    safetyMarginPercent: float = Field(
+        default=0,
+        ge=0,
+        le=50,
+        description="Plan for a p99 this many percent below the server budget (latencyP99Ms - networkOverheadMs).",
+    )
+
+
+class ScalingMode(StrEnum):
+    """How the operator acts on its replica decisions."""
+
+    AUTO = "Auto"
+    ADVISE = "Advise"
+    OFF = "Off"
+
+
+class ScalingSpec(_Model):
+    """Load-proportional scaling bounds."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+                    "minReplicas must be <= maxReplicas",
+                    ".minReplicas",
+                )
+            ]
+        }
+    )
+
+    minReplicas: int = Field(default=1, ge=0, le=10_000, description="Fewest Triton replicas.")
+    maxReplicas: int = Field(default=16, ge=1, le=10_000, description="Most Triton replicas (GPU budget).")
+    targetUtilization: float = Field(
+        default=0.85,
+        gt=0,
+        le=1,
+        description="Fraction of a replica's capacity at SLA it may carry before another is added.",
+    )
+    scaleDownStabilizationSeconds: int = Field(
+        default=300, ge=0, le=86_400, description="Scale in only if every decision in this window allowed it."
+    )
+    mode: ScalingMode = Field(
+        default=ScalingMode.AUTO,
+        description="Auto: scale. Advise: write the recommendation to status only. Off: never touch replicas.",
+    )
+
+
+Quantity = Annotated[
+    int | str,
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+
+
+class ResourceRequirements(_Model):
+    """Container resources of the Triton container (core/v1 ResourceRequirements subset)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class TritonSpec(_Model):
+    """The Triton pods."""
+
+    image: str = Field(default=DEFAULT_TRITON_IMAGE, min_length=1, description="Triton server image.")
+    gpusPerReplica: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="Whole GPUs per replica (nvidia.com/gpu limit = request). 0 runs on CPU (KIND_CPU).",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="Extra resources; nvidia.com/gpu, if given, must equal gpusPerReplica in requests and limits.",
+    )
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, json_schema_extra={"items": {"x-kubernetes-preserve-unknown-fields": True}}
+    )
+    args: list[str] = Field(default_factory=list, description="Extra tritonserver arguments.")
+
+
+class BatchedModelSpec(_Model):
+    """A model served by Triton under a p99 latency SLA, at the fewest GPUs that keep it."""
+
+    model: ModelSpec
+    sla: SLASpec
+    profile: list[ProfilePoint] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Execution latency per batch size, batch sizes strictly increasing (batchfill profile measures it).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.map(p, p.batchSize).isSorted() && "
+                    "self.all(p, self.exists_one(q, q.batchSize == p.batchSize))",
+                    "profile batch sizes must be strictly increasing",
+                )
+            ]
+        },
+    )
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    triton: TritonSpec = Field(default_factory=TritonSpec)
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata batchfill reads; everything else is kept as is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = "unnamed"
+    namespace: str | None = None
+    generation: int | None = None
+
+
+class BatchedModel(BaseModel):
+    """A whole BatchedModel object as read from YAML or the API."""
+
+    model_config = ConfigDict(extra="allow")
+
+    apiVersion: Literal["batchfill.io/v1alpha1"] = API_VERSION
+    kind: Literal["BatchedModel"] = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: BatchedModelSpec

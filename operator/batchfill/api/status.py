@@ -1,0 +1,87 @@
+"""The BatchedModel status: what the operator writes through the status subresource.
+
+Every float here is finite (JSON has no NaN); writers round before comparing so jitter does not cause writes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_Status):
+    """A metav1.Condition: ``lastTransitionTime`` changes only when ``status`` flips."""
+
+    type: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$", max_length=316)
+    status: ConditionStatus
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    lastTransitionTime: str = Field(description="RFC 3339 time of the last status flip.")
+    observedGeneration: int | None = Field(default=None, ge=0)
+
+
+class SeedRule(_Status):
+    """The textbook rule's numbers, shown next to the chosen plan: D = S - l(B) - N."""
+
+    maxBatchSize: int = Field(ge=0, description="B: the largest profiled batch size that fits the budget.")
+    maxQueueDelayMicroseconds: int = Field(ge=0, description="D = S - l(B) - N, in microseconds.")
+    capacityPerReplicaRps: float = Field(
+        ge=0, description="Requests/s one replica serves within the SLA with the seed rule's settings."
+    )
+
+
+class PlanStatus(_Status):
+    """The batching plan derived from the SLA and the profile, and what it predicts."""
+
+    maxBatchSize: int = Field(ge=0, description="Triton max_batch_size (0: batching off).")
+    preferredBatchSizes: list[int] = Field(default_factory=list, description="Triton preferred_batch_size.")
+    maxQueueDelayMicroseconds: int = Field(ge=0, description="Triton max_queue_delay_microseconds.")
+    instanceCount: int = Field(ge=1, description="Triton instance_group count (per GPU on GPU replicas).")
+    minimumSlotUtilization: float | None = Field(
+        default=None, ge=0, le=1, description="Sequence batcher Direct strategy only."
+    )
+    serverBudgetMs: float = Field(ge=0, description="T = latencyP99Ms - networkOverheadMs: Triton's p99 budget.")
+    capacityPerReplicaRps: float = Field(
+        ge=0, description="Largest Poisson request rate one replica serves with server p99 <= T (simulated)."
+    )
+    predictedP99Ms: float = Field(ge=0, description="Simulated server p99 (queue + execution) at that rate.")
+    minClientTimeoutMs: float = Field(
+        ge=0, description="Clients with a shorter timeout see failures the server never logs."
+    )
+    rule: str = Field(description="How the plan was chosen.")
+    seedRule: SeedRule | None = None
+
+
+class ObservedStatus(_Status):
+    """Signals read from Triton's metrics through Prometheus (rounded)."""
+
+    requestRate: float | None = Field(default=None, ge=0, description="Requests per second, all ready pods.")
+    avgBatchSize: float | None = Field(default=None, ge=0)
+    batchFill: float | None = Field(default=None, ge=0, description="avgBatchSize / maxBatchSize.")
+    queueTimeMs: float | None = Field(default=None, ge=0, description="Average queue time per request.")
+    p99Ms: float | None = Field(default=None, ge=0, description="Server-side p99 request latency.")
+
+
+class BatchedModelStatus(_Status):
+    """Status subresource of a BatchedModel."""
+
+    observedGeneration: int | None = Field(default=None, ge=0)
+    conditions: list[Condition] = Field(default_factory=list)
+    plan: PlanStatus | None = None
+    replicas: int | None = Field(default=None, ge=0)
+    readyReplicas: int | None = Field(default=None, ge=0)
+    desiredReplicas: int | None = Field(default=None, ge=0)
+    lastScaleTime: str | None = None
+    lastScaleReason: str | None = None
+    observed: ObservedStatus | None = None
