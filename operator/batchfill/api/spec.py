@@ -39,7 +39,7 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any
 class _Model(BaseModel):
     """Base: unknown fields are errors (the CRD is structural and prunes them; we say so instead)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, allow_inf_nan=False)
 
 
 class DataType(StrEnum):
@@ -224,7 +224,7 @@ class SLASpec(_Model):
 class ProfilePoint(_Model):
     """Execution latency of one batch size."""
 
-    batchSize: int = Field(ge=1, le=1_000_000, description="Batch size (samples per execution).")
+    batchSize: int = Field(ge=1, le=65_536, description="Batch size (samples per execution).")
     latencyMs: float = Field(
         gt=0, le=3_600_000, description="Execution latency of one batch of this size, in milliseconds (a high percentile)."
     )
@@ -255,7 +255,7 @@ class BatchingSpec(_Model):
     maxBatchSize: int | None = Field(
         default=None,
         ge=0,
-        le=1_000_000,
+        le=65_536,
         description="Upper bound on Triton's max_batch_size (e.g. a GPU-memory cap). 0 turns batching off.",
     )
     preferredBatchSizes: list[Annotated[int, Field(ge=1)]] | None = Field(
@@ -400,7 +400,7 @@ class BatchedModel(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    apiVersion: Literal["batchfill.io/v1alpha1"] = API_VERSION
-    kind: Literal["BatchedModel"] = KIND
+    apiVersion: Literal["batchfill.io/v1alpha1"] = "batchfill.io/v1alpha1"  # == API_VERSION (a str to mypy)
+    kind: Literal["BatchedModel"] = "BatchedModel"  # == KIND
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: BatchedModelSpec

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from batchfill.api.errors import Problem, SpecError, field_path
-from batchfill.api.spec import BatchedModel, BatchedModelSpec, SequenceStrategy
+from batchfill.api.spec import BatchedModel, BatchedModelSpec, DataType, SequenceStrategy
 
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Backends/platforms that cannot run without a GPU.
@@ -129,6 +129,10 @@ def check_spec(spec: BatchedModelSpec) -> list[Problem]:
                 )
             )
 
+    if (model.backend is None) == (model.platform is None):
+        # The CRD's CEL rule on ModelSpec, checked again here for `batchfill plan` (no API server there).
+        p.append(Problem("spec.model.backend", "exactly one of backend or spec.model.platform must be set"))
+
     if model.stateful and model.sequenceStrategy is SequenceStrategy.DIRECT and pref:
         p.append(
             Problem(
@@ -210,6 +214,21 @@ def _check_tensors(spec: BatchedModelSpec, batching_off: bool) -> list[Problem]:
                         )
                     )
     for j, bi in enumerate(model.batchInputs):
+        # Triton's ValidateBatchIO (model_config_utils.cc): one source input, TYPE_INT32 or TYPE_FP32.
+        if len(bi.sourceInputs) != 1:
+            p.append(
+                Problem(
+                    f"spec.model.batchInputs[{j}].sourceInputs",
+                    f"={bi.sourceInputs}: Triton expects exactly 1 source input for kind {bi.kind.value}",
+                )
+            )
+        if bi.dataType not in (DataType.TYPE_INT32, DataType.TYPE_FP32):
+            p.append(
+                Problem(
+                    f"spec.model.batchInputs[{j}].dataType",
+                    f"={bi.dataType.value} must be TYPE_INT32 or TYPE_FP32",
+                )
+            )
         for k, src in enumerate(bi.sourceInputs):
             if src not in input_names:
                 p.append(

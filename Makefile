@@ -1,0 +1,44 @@
+# batchfill developer entry points. `make demo` runs the main job, `make test` the whole suite (what CI runs).
+# Both install what they need first (idempotent): a virtualenv in .venv, the Python packages (Triton itself
+# comes from the nvidia-pytriton wheel), and the Debian packages the real components need.
+
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.batchfill-setup
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Debian packages: Prometheus 2.42 (the real server for component tests) and libpython3.11, which the
+# Triton Python-backend stub shipped in nvidia-pytriton links against.
+DEB_PACKAGES := prometheus libpython3.11
+
+.PHONY: setup test lint demo plan clean-venv
+.DEFAULT_GOAL := test
+
+$(STAMP): pyproject.toml Makefile
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	# Trained OCR weights for the real example model; --no-deps keeps OpenCV & co. out (only the .onnx files are used).
+	$(BIN)/python -m pip install -q --no-deps 'rapidocr-onnxruntime==1.4.4'
+	@touch $@
+
+setup: $(STAMP)
+
+# The whole test suite: unit, property, static checks (ruff, mypy, import-linter run as tests) and the
+# component tests against the real tritonserver.
+test: $(STAMP)
+	$(BIN)/pytest
+
+demo: $(STAMP)
+	$(BIN)/batchfill serve examples/ocr-classifier.yaml
+
+plan: $(STAMP)
+	$(BIN)/batchfill plan examples/seed-example.yaml --rps 500
+
+clean-venv:
+	rm -rf $(VENV)

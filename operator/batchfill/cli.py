@@ -1,0 +1,208 @@
+"""`batchfill` command line: plan, crd (and, as they land, the operator and its tools).
+
+Exit codes: 0 success, 2 bad input (one line per problem, each naming its field path), 1 an internal or
+environment failure (still one line, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from batchfill import __version__
+from batchfill.api.errors import SpecError
+from batchfill.api.validate import load_model, parse_documents
+from batchfill.policy.plan import PlanResult, plan_batching, replicas_for
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _err(console: Console, line: str) -> None:
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    return Path(path).read_text(encoding="utf-8")
+
+
+def plan_document(doc: Any, rps: float | None, seed: int) -> dict[str, Any]:
+    """Plan one parsed document; the JSON shape of `batchfill plan -o json`.
+
+    Raises:
+        SpecError: bad or infeasible spec (field-named problems).
+    """
+    from batchfill.render import render_model_config
+
+    bm = load_model(doc)
+    result = plan_batching(bm.spec, seed=seed)
+    status = result.to_status()
+    out: dict[str, Any] = {
+        "name": bm.metadata.name,
+        "plan": status.model_dump(mode="json", exclude_none=True),
+        "seedRule": status.seedRule.model_dump(mode="json") if status.seedRule else None,
+        "config": render_model_config(bm.spec, status),
+        "warnings": [{"reason": w.reason, "path": w.path, "message": w.message} for w in result.warnings],
+    }
+    if rps is not None:
+        s = bm.spec.scaling
+        out["replicas"] = {
+            "requestRate": rps,
+            "replicas": replicas_for(
+                rps, result.chosen.capacity_rps, s.targetUtilization, s.minReplicas, s.maxReplicas
+            ),
+            "targetUtilization": s.targetUtilization,
+            "lowerBoundGpus": round(rps / result.chosen.capacity_rps * max(1, bm.spec.triton.gpusPerReplica), 3)
+            if result.chosen.capacity_rps > 0
+            else None,
+        }
+    out["_result"] = result
+    return out
+
+
+def _table(console: Console, planned: dict[str, Any]) -> None:
+    result: PlanResult = planned["_result"]
+    plan, seed = planned["plan"], planned["seedRule"]
+    console.rule(f"[bold]{planned['name']}[/bold]: config.pbtxt")
+    console.print(planned["config"], markup=False, highlight=False)
+    t = Table(title=f"Batching plan for {planned['name']}", show_header=True, header_style="bold")
+    t.add_column("")
+    t.add_column("seed rule (D = S - l(B) - N)", justify="right")
+    t.add_column("chosen plan", justify="right")
+    t.add_row(
+        "max_batch_size",
+        str(seed["maxBatchSize"]) if seed else "-",
+        str(plan["maxBatchSize"]),
+    )
+    t.add_row(
+        "preferred_batch_size",
+        str([seed["maxBatchSize"]]) if seed else "-",
+        str(plan.get("preferredBatchSizes", [])),
+    )
+    t.add_row(
+        "max_queue_delay_microseconds",
+        str(seed["maxQueueDelayMicroseconds"]) if seed else "-",
+        str(plan["maxQueueDelayMicroseconds"]),
+    )
+    t.add_row(
+        "capacity per replica at SLA (req/s)",
+        f"{seed['capacityPerReplicaRps']:.1f}" if seed else "-",
+        f"{plan['capacityPerReplicaRps']:.1f}",
+    )
+    t.add_row("simulated p99 at that capacity (ms)", "", f"{plan['predictedP99Ms']:.2f}")
+    t.add_row("server budget T = S - N (ms)", "", f"{plan['serverBudgetMs']:g}")
+    t.add_row("minimum client timeout (ms)", "", f"{plan['minClientTimeoutMs']:.1f}")
+    t.add_row("instance_group count", "", str(plan["instanceCount"]))
+    if "replicas" in planned:
+        r = planned["replicas"]
+        t.add_row(
+            f"replicas for {r['requestRate']:g} req/s (u={r['targetUtilization']:g})", "", str(r["replicas"])
+        )
+        if r["lowerBoundGpus"] is not None:
+            t.add_row("GPU lower bound  λ / capacity", "", f"{r['lowerBoundGpus']:.2f}")
+    console.print(t)
+    console.print(f"rule: {plan['rule']}", markup=False, highlight=False)
+    for w in planned["warnings"]:
+        console.print(f"warning ({w['reason']}): {w['message']}", markup=False, highlight=False)
+    evaluated = [c for c in result.candidates if not c.pruned]
+    console.print(
+        f"{len(result.candidates)} candidates, {len(evaluated)} simulated, "
+        f"{len(result.candidates) - len(evaluated)} pruned (full batches could not beat the best)",
+        highlight=False,
+    )
+
+
+def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
+    try:
+        docs = parse_documents(_read(args.file))
+    except OSError as e:
+        _err(err, f"{args.file}: cannot read: {e.strerror or e}")
+        return EXIT_USAGE
+    except SpecError as e:
+        for p in e.problems:
+            _err(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    if not docs:
+        _err(err, f"{args.file}: no YAML documents")
+        return EXIT_USAGE
+    planned: list[dict[str, Any]] = []
+    failed = False
+    for i, doc in enumerate(docs):
+        label = f"{args.file}" + (f" (document {i + 1})" if len(docs) > 1 else "")
+        try:
+            planned.append(plan_document(doc, args.rps, args.seed))
+        except SpecError as e:
+            failed = True
+            for p in e.problems:
+                _err(err, f"{label}: {p}")
+    if failed:
+        return EXIT_USAGE
+    public = [{k: v for k, v in p.items() if not k.startswith("_")} for p in planned]
+    if args.output == "json":
+        payload: Any = public[0] if len(public) == 1 else public
+        print(json.dumps(payload, indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump_all(public, sort_keys=False), end="")
+    else:
+        for p in planned:
+            _table(out, p)
+    return EXIT_OK
+
+
+def cmd_crd(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from batchfill.api.crd import render_crd_yaml
+
+    sys.stdout.write(render_crd_yaml())
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchfill",
+        description="Serve models on Triton at the lowest GPU cost that meets a p99 latency SLA.",
+    )
+    parser.add_argument("--version", action="version", version=f"batchfill {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="derive Triton's batching settings and capacity from a BatchedModel file")
+    p.add_argument("file", help="BatchedModel YAML (several documents are planned one by one); - for stdin")
+    p.add_argument("--rps", type=float, default=None, help="request rate to size replicas for (req/s)")
+    p.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated arrivals (default 0)")
+    p.set_defaults(func=cmd_plan)
+
+    c = sub.add_parser("crd", help="print the BatchedModel CustomResourceDefinition (YAML)")
+    c.set_defaults(func=cmd_crd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    out = Console(soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
+    args = build_parser().parse_args(argv)
+    if getattr(args, "rps", None) is not None and not (args.rps >= 0 and args.rps != float("inf")):
+        _err(err, f"--rps={args.rps} must be a finite number >= 0")
+        return EXIT_USAGE
+    try:
+        return int(args.func(args, out, err))
+    except KeyboardInterrupt:
+        return 130
+    except SpecError as e:  # pragma: no cover - commands catch their own
+        for prob in e.problems:
+            _err(err, str(prob))
+        return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - the user gets one line, never a traceback
+        _err(err, f"batchfill {args.command}: internal error: {type(e).__name__}: {e}")
+        return EXIT_FAILED
+
+if __name__ == "__main__":
+    raise SystemExit(main())
