@@ -104,9 +104,7 @@ def _table(console: Console, planned: dict[str, Any]) -> None:
     t.add_row("instance_group count", "", str(plan["instanceCount"]))
     if "replicas" in planned:
         r = planned["replicas"]
-        t.add_row(
-            f"replicas for {r['requestRate']:g} req/s (u={r['targetUtilization']:g})", "", str(r["replicas"])
-        )
+        t.add_row(f"replicas for {r['requestRate']:g} req/s (u={r['targetUtilization']:g})", "", str(r["replicas"]))
         if r["lowerBoundGpus"] is not None:
             t.add_row("GPU lower bound  λ / capacity", "", f"{r['lowerBoundGpus']:.2f}")
     console.print(t)
@@ -146,15 +144,15 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
                 _err(err, f"{label}: {p}")
     if failed:
         return EXIT_USAGE
-    public = [{k: v for k, v in p.items() if not k.startswith("_")} for p in planned]
+    public = [{k: v for k, v in one.items() if not k.startswith("_")} for one in planned]
     if args.output == "json":
         payload: Any = public[0] if len(public) == 1 else public
         print(json.dumps(payload, indent=2))
     elif args.output == "yaml":
         print(yaml.safe_dump_all(public, sort_keys=False), end="")
     else:
-        for p in planned:
-            _table(out, p)
+        for one in planned:
+            _table(out, one)
     return EXIT_OK
 
 
@@ -200,9 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for prob in e.problems:
             _err(err, str(prob))
         return EXIT_USAGE
-    except Exception as e:  # noqa: BLE001 - the user gets one line, never a traceback
+    except Exception as e:
         _err(err, f"batchfill {args.command}: internal error: {type(e).__name__}: {e}")
         return EXIT_FAILED
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

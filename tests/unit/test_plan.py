@@ -31,7 +31,7 @@ def simulated_p99(result: PlanResult, doc: dict[str, Any], rate: float, seed: in
     cfg = result.chosen.batcher
     unit = poisson_unit_arrivals(n, seed)
     run = simulate_batcher((unit * 1000.0 / rate).tolist(), cfg, profile.table(cfg.batch_cap))
-    return float(np.quantile(run.latencies_ms[n // 20:], 0.99))
+    return float(np.quantile(run.latencies_ms[n // 20 :], 0.99))
 
 
 def test_seed_rule_of_the_worked_example_is_40_ms(seed_plan: PlanResult) -> None:
@@ -90,8 +90,11 @@ def test_c03_seed_rule_delay_and_invariant_for_the_cases_spec() -> None:
 
 
 def test_infeasible_sla_is_a_typed_error_with_the_numbers() -> None:
-    doc = with_spec(SEED_DOC, sla={"latencyP99Ms": 130, "networkOverheadMs": 40},
-                    profile=[{"batchSize": 1, "latencyMs": 120}, {"batchSize": 8, "latencyMs": 300}])
+    doc = with_spec(
+        SEED_DOC,
+        sla={"latencyP99Ms": 130, "networkOverheadMs": 40},
+        profile=[{"batchSize": 1, "latencyMs": 120}, {"batchSize": 8, "latencyMs": 300}],
+    )
     with pytest.raises(InfeasibleSLAError) as info:
         plan(doc)
     assert str(info.value.problems[0]) == (
@@ -156,10 +159,12 @@ def test_c06_direct_strategy_plans_without_preferred_sizes_and_with_full_slot_ut
 
 
 def test_c07_variable_length_input_is_reported() -> None:
-    result = plan(with_spec(CASES_DOC, model={
-        "inputs": [{"name": "input_ids", "dataType": "TYPE_INT64", "dims": [-1]}]}))
+    result = plan(
+        with_spec(CASES_DOC, model={"inputs": [{"name": "input_ids", "dataType": "TYPE_INT64", "dims": [-1]}]})
+    )
     assert [(w.condition, w.reason, w.path) for w in result.warnings] == [
-        ("BatchingEffective", "VariableShapeInput", "spec.model.inputs[0].dims")]
+        ("BatchingEffective", "VariableShapeInput", "spec.model.inputs[0].dims")
+    ]
 
 
 def test_missing_profile_is_a_field_error() -> None:

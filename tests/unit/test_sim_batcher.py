@@ -58,8 +58,13 @@ def test_parallel_executors_take_batches_side_by_side() -> None:
 def test_violation_budget_stops_an_exploding_queue_early() -> None:
     unit = poisson_unit_arrivals(5000, seed=1)
     arrivals = (unit * (1000 / 1000.0)).tolist()  # 1000 req/s, far beyond 8/50ms = 160 req/s
-    r = simulate_batcher(arrivals, BatcherConfig(max_batch_size=8, max_queue_delay_us=1000), TABLE,
-                         budget_ms=90.0, max_violations=50)
+    r = simulate_batcher(
+        arrivals,
+        BatcherConfig(max_batch_size=8, max_queue_delay_us=1000),
+        TABLE,
+        budget_ms=90.0,
+        max_violations=50,
+    )
     assert not r.completed
     assert r.violations > 50
     assert r.batch_sizes.sum() < 5000
@@ -72,8 +77,14 @@ def test_same_seed_same_arrivals_and_other_seed_differs() -> None:
     assert np.all(np.diff(a) > 0)
 
 
-@pytest.mark.parametrize("bad", [{"max_batch_size": -1}, {"max_batch_size": 4, "executors": 0},
-                                 {"max_batch_size": 4, "preferred_batch_sizes": (8,)}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_batch_size": -1},
+        {"max_batch_size": 4, "executors": 0},
+        {"max_batch_size": 4, "preferred_batch_sizes": (8,)},
+    ],
+)
 def test_invalid_config_is_rejected(bad: dict[str, int]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"must be >= |outside"):
         BatcherConfig(**bad)  # type: ignore[arg-type]

@@ -163,7 +163,10 @@ class ModelSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel("has(self.backend) != has(self.platform)", "exactly one of backend or platform must be set"),
+                cel(
+                    "has(self.backend) != has(self.platform)",
+                    "exactly one of backend or platform must be set",
+                ),
             ]
         }
     )
@@ -178,7 +181,8 @@ class ModelSpec(_Model):
         default=None, description="Triton backend, e.g. onnxruntime, python, pytorch, tensorrt."
     )
     platform: str | None = Field(
-        default=None, description="Triton platform, e.g. tensorrt_plan, onnxruntime_onnx (instead of backend)."
+        default=None,
+        description="Triton platform, e.g. tensorrt_plan, onnxruntime_onnx (instead of backend).",
     )
     stateful: bool = Field(
         default=False, description="The model keeps state per sequence: Triton's sequence batcher is used."
@@ -226,7 +230,9 @@ class ProfilePoint(_Model):
 
     batchSize: int = Field(ge=1, le=65_536, description="Batch size (samples per execution).")
     latencyMs: float = Field(
-        gt=0, le=3_600_000, description="Execution latency of one batch of this size, in milliseconds (a high percentile)."
+        gt=0,
+        le=3_600_000,
+        description="Execution latency of one batch of this size, in milliseconds (a high percentile).",
     )
 
 
@@ -355,7 +361,8 @@ class TritonSpec(_Model):
     )
     nodeSelector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(
-        default_factory=list, json_schema_extra={"items": {"x-kubernetes-preserve-unknown-fields": True}}
+        default_factory=list,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
     args: list[str] = Field(default_factory=list, description="Extra tritonserver arguments.")
 
@@ -369,7 +376,9 @@ class BatchedModelSpec(_Model):
         default=None,
         min_length=1,
         max_length=64,
-        description="Execution latency per batch size, batch sizes strictly increasing (batchfill profile measures it).",
+        description=(
+            "Execution latency per batch size, batch sizes strictly increasing (`batchfill profile` measures it)."
+        ),
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(

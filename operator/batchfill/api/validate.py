@@ -30,14 +30,13 @@ def problems_from_validation_error(err: ValidationError, root: str = "spec") -> 
     """Translate pydantic errors into field-named problems with short, user-facing messages."""
     out: list[Problem] = []
     for e in err.errors(include_url=False):
-        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "int", "str")))]
+        # drop pydantic's own location parts: validator wrappers and the member names of `int | str` unions
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and (p.startswith("function-") or p in ("int", "str")))]
         path = field_path(loc, root)
         kind, ctx, given = e["type"], e.get("ctx") or {}, e.get("input")
         if kind == "int_from_float":
             msg = f"must be a whole number, got {given}"
-        elif kind in ("greater_than_equal", "greater_than") and ctx.get("ge", ctx.get("gt")) in (0, 1) and (
-            kind == "greater_than" or ctx.get("ge") == 1
-        ):
+        elif (kind == "greater_than" and ctx.get("gt") == 0) or (kind == "greater_than_equal" and ctx.get("ge") == 1):
             msg = f"must be positive, got {given}"
         elif kind == "greater_than_equal":
             msg = f"must be >= {ctx['ge']}, got {given}"
@@ -95,9 +94,7 @@ def check_spec(spec: BatchedModelSpec) -> list[Problem]:
         if size < 1:
             p.append(Problem(where, f"must be positive, got {size}"))
         elif batching_off:
-            p.append(
-                Problem(where, f"={size} needs batching enabled: spec.batching.maxBatchSize must be > 0, got 0")
-            )
+            p.append(Problem(where, f"={size} needs batching enabled: spec.batching.maxBatchSize must be > 0, got 0"))
         elif b.maxBatchSize is not None and size > b.maxBatchSize:
             p.append(Problem(where, f"={size} exceeds spec.batching.maxBatchSize={b.maxBatchSize}"))
         elif largest is not None and size > largest:
@@ -180,15 +177,12 @@ def _check_tensors(spec: BatchedModelSpec, batching_off: bool) -> list[Problem]:
                 given = len(t.dims) - (1 if t.includesBatchDim else 0)
                 if not batching_off and given != sample_rank:
                     hint = (
-                        "; remove the leading batch dimension or set includesBatchDim: true"
-                        if given == t.rank
-                        else ""
+                        "; remove the leading batch dimension or set includesBatchDim: true" if given == t.rank else ""
                     )
                     p.append(
                         Problem(
                             f"{base}.dims",
-                            f"dims has {len(t.dims)} entries but model rank is {t.rank} and batching is "
-                            f"enabled{hint}",
+                            f"dims has {len(t.dims)} entries but model rank is {t.rank} and batching is enabled{hint}",
                         )
                     )
                 if batching_off and len(t.dims) != t.rank:

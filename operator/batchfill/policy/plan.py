@@ -109,7 +109,7 @@ class PlanResult:
         candidates: every candidate, in evaluation order; pruned ones have capacity 0.
         server_budget_ms: T = S - N.
         target_p99_ms: T less the safety margin: what capacities are computed against.
-        min_client_timeout_ms: max(D, l(B)) + l(B) + N.
+        min_client_timeout_ms: max(max(D, l(B)) + l(B), p99 at capacity) + N.
         instance_count: Triton instance_group count (per GPU when the replica has GPUs).
         minimum_slot_utilization: for the sequence batcher's Direct strategy, else None.
         warnings: conditions to report (e.g. variable-shape inputs).
@@ -151,8 +151,9 @@ class PlanResult:
         )
 
 
-def replicas_for(rate_rps: float, capacity_rps: float, target_utilization: float, min_replicas: int,
-                 max_replicas: int) -> int:
+def replicas_for(
+    rate_rps: float, capacity_rps: float, target_utilization: float, min_replicas: int, max_replicas: int
+) -> int:
     """Load-proportional replica count ``ceil(λ / (u · C))`` bounded to [min, max] (DESIGN §3).
 
     Args:
@@ -188,8 +189,11 @@ class _Evaluator:
         allowed = math.floor((n - warm) * (1 - P99))
         arrivals = (unit * (1000.0 / rate_rps)).tolist()
         run = simulate_batcher(
-            arrivals, cand.batcher, self.table(cand.batcher.batch_cap),
-            budget_ms=self.target_ms, max_violations=allowed,
+            arrivals,
+            cand.batcher,
+            self.table(cand.batcher.batch_cap),
+            budget_ms=self.target_ms,
+            max_violations=allowed,
         )
         if not run.completed:
             return math.inf
@@ -414,7 +418,12 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
             seed_done = chosen
     if chosen.capacity_rps <= 0:
         raise InfeasibleSLAError(
-            [Problem("spec.sla.latencyP99Ms", f"no configuration keeps the simulated p99 within the server budget {budget_of}")]
+            [
+                Problem(
+                    "spec.sla.latencyP99Ms",
+                    f"no configuration keeps the simulated p99 within the server budget {budget_of}",
+                )
+            ]
         )
     ordered = tuple(evaluated[k] if k != chosen.key else chosen for k in candidates)
     return _result(spec, profile, chosen, seed_done, ordered, budget, target, warnings, direct, seed)
@@ -433,7 +442,10 @@ def _result(
     seed: int,
 ) -> PlanResult:
     l_b = profile.latency_ms(chosen.batcher.batch_cap)
-    timeout = max(chosen.max_queue_delay_us / 1000.0, l_b) + l_b + spec.sla.networkOverheadMs
+    # A request may wait out the delay or the batch in flight, then run its own batch; near capacity the queue
+    # can hold it longer, up to the predicted p99. A client timeout below this fails requests the server serves.
+    in_flight = max(chosen.max_queue_delay_us / 1000.0, l_b) + l_b
+    timeout = max(in_flight, chosen.p99_ms) + spec.sla.networkOverheadMs
     if chosen.max_batch_size > 0:
         warnings = warnings + _variable_shape_warnings(spec)
     rule = (

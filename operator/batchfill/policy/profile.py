@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class LatencyProfile:
         if not points:
             raise ValueError("a profile needs at least one point")
         sizes = tuple(p.batchSize for p in points)
-        if any(b2 <= b1 for b1, b2 in zip(sizes, sizes[1:], strict=False)):
+        if any(b2 <= b1 for b1, b2 in pairwise(sizes)):
             raise ValueError(f"profile batch sizes must be strictly increasing, got {list(sizes)}")
         lats: list[float] = []
         for p in points:

@@ -1,0 +1,5 @@
+"""Pure renderers: Triton's config.pbtxt (through Triton's own protobuf schema); Kubernetes objects."""
+
+from batchfill.render.model_config import InstanceKind, build_model_config, config_hash, render_model_config
+
+__all__ = ["InstanceKind", "build_model_config", "config_hash", "render_model_config"]
