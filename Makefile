@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 demo: $(STAMP)
-	$(BIN)/batchfill serve examples/ocr-classifier.yaml
+	$(BIN)/batchfill serve examples/ocr-recognizer.yaml
 
 plan: $(STAMP)
 	$(BIN)/batchfill plan examples/seed-example.yaml --rps 500

@@ -163,6 +163,33 @@ def cmd_crd(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from batchfill.serve import serve
+
+    try:
+        docs = parse_documents(_read(args.file))
+        if len(docs) != 1:
+            _err(err, f"{args.file}: `batchfill serve` takes one BatchedModel, found {len(docs)} documents")
+            return EXIT_USAGE
+        bm = load_model(docs[0])
+    except OSError as e:
+        _err(err, f"{args.file}: cannot read: {e.strerror or e}")
+        return EXIT_USAGE
+    except SpecError as e:
+        for p in e.problems:
+            _err(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    try:
+        report = serve(
+            bm, out, load_fraction=args.load, duration_s=args.duration, measure=not args.no_measure, seed=args.seed
+        )
+    except SpecError as e:
+        for p in e.problems:
+            _err(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    return EXIT_OK if report.sla_kept else EXIT_FAILED
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchfill",
@@ -177,6 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated arrivals (default 0)")
     p.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser(
+        "serve",
+        help="measure, plan and serve a shipped example model on a real local tritonserver under Poisson load",
+    )
+    s.add_argument("file", help="BatchedModel YAML with the batchfill.io/example-model annotation")
+    s.add_argument("--load", type=float, default=0.9, help="offered load as a fraction of capacity (default 0.9)")
+    s.add_argument("--duration", type=float, default=20.0, help="seconds of Poisson load (default 20)")
+    s.add_argument("--no-measure", action="store_true", help="plan from the declared profile, do not measure")
+    s.add_argument("--seed", type=int, default=0, help="seed of the planner and of the load (default 0)")
+    s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("crd", help="print the BatchedModel CustomResourceDefinition (YAML)")
     c.set_defaults(func=cmd_crd)

@@ -48,8 +48,9 @@ def test_chosen_plan_beats_or_equals_the_seed_rule(seed_plan: PlanResult) -> Non
     assert seed_plan.seed_rule is not None
     assert seed_plan.chosen.capacity_rps >= seed_plan.seed_rule.capacity_rps > 0
     # Regression pin of the current rule's numbers (update deliberately when the rule changes).
-    assert (seed_plan.chosen.max_batch_size, seed_plan.chosen.max_queue_delay_us) == (7, 2275)
-    assert seed_plan.chosen.capacity_rps == pytest.approx(110.6, abs=0.1)
+    assert (seed_plan.chosen.max_batch_size, seed_plan.chosen.max_queue_delay_us) == (7, 100)
+    assert seed_plan.chosen.preferred_batch_sizes == (1, 2, 3, 4, 5, 6, 7)
+    assert seed_plan.chosen.capacity_rps == pytest.approx(110.0, abs=0.1)
 
 
 def test_chosen_plan_p99_at_its_stated_capacity_is_within_the_server_budget(seed_plan: PlanResult) -> None:
@@ -71,7 +72,7 @@ def test_every_candidate_leaves_room_for_execution(seed_plan: PlanResult) -> Non
 
 
 def test_min_client_timeout_counts_the_batch_in_flight(seed_plan: PlanResult) -> None:
-    # max(D, l(B)) + l(B) + N with B = 7: l(7) = 44.5 ms, D = 2.275 ms, N = 10 ms
+    # max(D, l(B)) + l(B) + N with B = 7: l(7) = 44.5 ms, D = 0.1 ms, N = 10 ms
     assert seed_plan.min_client_timeout_ms == pytest.approx(44.5 + 44.5 + 10)
 
 

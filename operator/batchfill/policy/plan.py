@@ -6,7 +6,14 @@ latency ``l(b)``. The plan
 1. computes the textbook *seed rule* ``D = S - l(B) - N`` for the largest profiled ``B`` that fits (the number
    every user knows; with S = 100, N = 10, l(8) = 50 it is 40 ms);
 2. enumerates candidates (max batch size ``B``, preferred sizes, queue delay ``D``; instance count follows the
-   GPUs of a replica), always with ``l(B) + D <= T`` so a lone request never misses the SLA;
+   GPUs of a replica), always with ``l(B) + D <= T`` so a lone request never misses the SLA. Without overrides
+   the preferred sizes are *every* size 1..B and ``D`` is the minimum (100 µs): a batch starts as soon as the
+   instance is free and grows while it is busy (work-conserving batching). Measured on the real Triton 2.51,
+   a sparse preferred list (say ``[B]``) lets the batcher sleep until the queue reaches the next preferred
+   size, so requests that arrive while a batch executes miss the next batch and wait a whole extra execution
+   (core ``dynamic_batch_scheduler.cc``: the enqueue path wakes the batcher only at ``next_preferred``). With
+   every size preferred each arrival wakes it, which is the behaviour the simulator models and the component
+   test checks against the real server; a waiting delay also never raised the simulated capacity;
 3. finds each candidate's *capacity at SLA*: the largest Poisson arrival rate per replica whose simulated
    p99 of queue + execution stays within ``T``, by bisection on the Triton batcher model in
    :mod:`batchfill.sim.batcher` (common random numbers, fixed seed: deterministic);
@@ -16,7 +23,9 @@ latency ``l(b)``. The plan
 Why not the seed rule alone: a replica has one queue, so under load a request waits for the batch already
 executing and then for its own: about ``max(D, l(B)) + l(B)``; Nexus (SOSP'19) requires ``2 l(B) <= T`` for a
 saturated queue. The seed rule's large ``D`` is safe only at low load, and it is in the candidate set, so the
-chosen plan's capacity is never below the seed rule's when the user sets no overrides.
+chosen plan's capacity is never below the seed rule's when the user sets no overrides. (Its simulated capacity
+flatters it: the simulator lets its pending batch grow while the instance is busy, which Triton does not do
+reliably for a sparse preferred list.)
 
 Sources: Symphony (arXiv 2308.07470), Nexus (SOSP'19), Clockwork (OSDI'20), Triton's dynamic batcher docs.
 """
@@ -351,8 +360,10 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
             pref: tuple[int, ...] = ()
         elif preferred_override:
             pref = preferred_override
+        elif b.maxQueueDelayMicroseconds is not None:
+            pref = (batch,)  # the user wants batches held for the delay: Triton's default preferred size
         else:
-            pref = (batch,)
+            pref = tuple(range(1, batch + 1))  # work-conserving: point 2 of the module docstring
         return Candidate(batch, pref, delay_us, executors)
 
     candidates: dict[tuple[int, tuple[int, ...], int], Candidate] = {}

@@ -1,0 +1,470 @@
+"""Run a real ``tritonserver`` as a local subprocess (component tests, demo, ``batchfill profile``).
+
+The server comes from the ``nvidia-pytriton`` wheel, which ships tritonserver 2.51 with the Python backend and
+one Python-backend stub per CPython version. Two things make it work outside a container:
+
+* the Python backend expects ``triton_python_backend_stub`` next to ``libtriton_python.so``; the wheel keeps
+  them apart, so :func:`prepare_backend_dir` assembles a backend directory in a cache directory outside the
+  repository (``$XDG_CACHE_HOME/batchfill`` or ``~/.cache/batchfill``) and reuses it when it is complete;
+* the stub embeds CPython and finds the interpreter's ``site-packages`` through the ``python3`` on ``PATH``
+  (``PYTHONPATH`` alone is not enough), so the directory of the running interpreter goes first on ``PATH``;
+  the copied binaries lose their ``$ORIGIN`` rpath, so ``nvidia_pytriton.libs`` goes on ``LD_LIBRARY_PATH``.
+
+Every socket binds to loopback. :class:`LocalTriton` is a context manager that starts the server, waits for
+``/v2/health/ready`` and stops it by its own PID (SIGTERM, then SIGKILL of its process group after a grace
+period), so no test ever needs to kill processes by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+# A Triton log line of severity E: "E1129 12:53:21.892942 15207 file.cc:1460] ..."
+_ERROR_LINE = re.compile(r"^E\d{4} ")
+
+
+class TritonNotInstalledError(RuntimeError):
+    """The nvidia-pytriton wheel (or a part of it this module needs) is not installed."""
+
+
+class TritonStartError(RuntimeError):
+    """tritonserver exited or did not become ready in time; the message ends with the server log's tail."""
+
+
+@dataclass(frozen=True)
+class TritonInstallation:
+    """Where the pieces of the tritonserver shipped in the nvidia-pytriton wheel are."""
+
+    binary: Path
+    python_backend: Path  # directory holding libtriton_python.so and triton_python_backend_utils.py
+    stub: Path  # triton_python_backend_stub for the running interpreter's CPython version
+    libs: Path  # the wheel's bundled shared libraries (nvidia_pytriton.libs)
+    python_bin_dir: Path  # directory whose python3 the stub's embedded interpreter should find
+
+    def version_key(self) -> str:
+        """A short key that changes when the wheel's backend files change (for the backend-dir cache)."""
+        h = hashlib.sha256()
+        for p in (self.python_backend / "libtriton_python.so", self.stub):
+            st = p.stat()
+            h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode())
+        return h.hexdigest()[:16]
+
+
+def find_installation() -> TritonInstallation:
+    """Locate tritonserver, the Python backend and the matching stub inside the installed pytriton package."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise TritonNotInstalledError("nvidia-pytriton is not installed (pip install nvidia-pytriton)")
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    server = pkg / "tritonserver"
+    pyver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    inst = TritonInstallation(
+        binary=server / "bin" / "tritonserver",
+        python_backend=server / "backends" / "python",
+        stub=server / "python_backend_stubs" / pyver / "triton_python_backend_stub",
+        libs=pkg.parent / "nvidia_pytriton.libs",
+        python_bin_dir=_python_bin_dir(),
+    )
+    for p in (inst.binary, inst.python_backend / "libtriton_python.so", inst.stub, inst.libs):
+        if not p.exists():
+            raise TritonNotInstalledError(f"nvidia-pytriton is installed at {pkg} but {p} is missing")
+    return inst
+
+
+def _python_bin_dir() -> Path:
+    """The directory of the running interpreter; it must contain a ``python3`` for the stub to find."""
+    d = Path(sys.executable).parent
+    if not (d / "python3").exists():
+        raise TritonNotInstalledError(
+            f"{d} has no python3; the Python-backend stub finds site-packages through the python3 on PATH"
+        )
+    return d
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/batchfill``, else ``~/.cache/batchfill``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "batchfill"
+
+
+def prepare_backend_dir(installation: TritonInstallation | None = None, cache_dir: Path | None = None) -> Path:
+    """A ``--backend-directory`` whose ``python/`` holds the Python backend and the stub; built once, reused.
+
+    The directory is assembled under a temporary name and renamed into place, so concurrent callers never see
+    a half-copied backend.
+    """
+    inst = installation or find_installation()
+    root = (cache_dir or default_cache_dir()) / "triton-backends" / inst.version_key()
+    py = root / "python"
+    needed = [py / "libtriton_python.so", py / "triton_python_backend_utils.py", py / inst.stub.name]
+    if all(p.exists() for p in needed):
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root.parent))
+    try:
+        (tmp / "python").mkdir()
+        for f in inst.python_backend.iterdir():
+            if f.is_file():
+                shutil.copy2(f, tmp / "python" / f.name)
+        shutil.copy2(inst.stub, tmp / "python" / inst.stub.name)
+        os.chmod(tmp / "python" / inst.stub.name, 0o755)
+        try:
+            tmp.rename(root)
+        except OSError:
+            # Someone else finished first (or a stale incomplete dir exists): replace an incomplete one.
+            if not all(p.exists() for p in needed):
+                shutil.rmtree(root, ignore_errors=True)
+                tmp.rename(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that is free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _free_ports(n: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < n:
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    return ports
+
+
+def server_env(installation: TritonInstallation, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment tritonserver and its Python-backend stubs need (see the module docstring)."""
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.pathsep.join(p for p in (str(installation.python_bin_dir), env.get("PATH", "")) if p)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(installation.libs), env.get("LD_LIBRARY_PATH", "")) if p)
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def process_group_alive(pgid: int) -> bool:
+    """Whether any process is still in process group ``pgid`` (Linux /proc; False elsewhere)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return False
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid):
+            return True
+    return False
+
+
+class LocalTriton:
+    """A tritonserver subprocess on loopback; use as a context manager.
+
+    >>> with LocalTriton("/path/to/model_repository") as triton:   # doctest: +SKIP
+    ...     client = triton.http_client()
+    ...     client.is_model_ready("sleep_model")
+
+    Args:
+        model_repository: directory holding ``<model>/config.pbtxt`` and ``<model>/<version>/...``.
+        http_port, grpc_port, metrics_port: fixed ports; by default free loopback ports are picked (and
+            picked again, up to 3 times, if one was taken before the server bound it).
+        model_control_mode: ``none`` (load everything at start), ``explicit`` (load through the
+            repository API, e.g. ``http_client().load_model(name)``) or ``poll``.
+        load_models: ``--load-model`` names for ``explicit`` mode.
+        strict_readiness: ready only when every model is ready (Triton's default).
+        extra_args: further tritonserver arguments (e.g. ``--trace-config=...``).
+        log_path: where the server's stdout/stderr go. By default a temporary directory, removed by
+            :meth:`stop` after a run that became ready and exited cleanly (unless ``keep_log``); kept
+            otherwise, and named in every error.
+        log_verbose: tritonserver ``--log-verbose`` level.
+        startup_timeout_s: how long :meth:`start` waits for ``/v2/health/ready``.
+        stop_grace_s: how long :meth:`stop` waits after SIGTERM before SIGKILL.
+        installation, cache_dir: override where tritonserver and the backend directory come from.
+
+    The server always runs with ``--metrics-config=summary_latencies=true`` (for the p99 summary),
+    ``--allow-gpu-metrics=false`` and ``--exit-timeout-secs=5``.
+    """
+
+    def __init__(
+        self,
+        model_repository: str | os.PathLike[str],
+        *,
+        http_port: int | None = None,
+        grpc_port: int | None = None,
+        metrics_port: int | None = None,
+        model_control_mode: str = "none",
+        load_models: Sequence[str] = (),
+        strict_readiness: bool = True,
+        extra_args: Sequence[str] = (),
+        log_path: str | os.PathLike[str] | None = None,
+        log_verbose: int = 0,
+        keep_log: bool = False,
+        startup_timeout_s: float = 120.0,
+        stop_grace_s: float = 10.0,
+        installation: TritonInstallation | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        self._fixed_ports = (http_port, grpc_port, metrics_port)
+        self.model_control_mode = model_control_mode
+        self.load_models = list(load_models)
+        self.strict_readiness = strict_readiness
+        self.extra_args = list(extra_args)
+        self.log_verbose = log_verbose
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self._installation = installation
+        self._cache_dir = cache_dir
+        self._own_log_dir: Path | None = None
+        self.keep_log = keep_log
+        self._was_ready = False
+        self.log_path: Path | None = Path(log_path) if log_path is not None else None
+        self.http_port = self.grpc_port = self.metrics_port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    # -- addresses --------------------------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        """``host:port`` as tritonclient.http takes it."""
+        return f"{LOOPBACK}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` as tritonclient.grpc takes it."""
+        return f"{LOOPBACK}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Full URL of the Prometheus metrics endpoint."""
+        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def http_client(self, **kwargs: Any) -> Any:
+        """A new ``tritonclient.http.InferenceServerClient`` for this server."""
+        import tritonclient.http as httpclient
+
+        return httpclient.InferenceServerClient(self.http_url, **kwargs)
+
+    def grpc_client(self, **kwargs: Any) -> Any:
+        """A new ``tritonclient.grpc.InferenceServerClient`` for this server."""
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(self.grpc_url, **kwargs)
+
+    def metrics_text(self, timeout_s: float = 5.0) -> str:
+        """The current Prometheus exposition text from the metrics endpoint."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.metrics_url, timeout=timeout_s) as r:
+            return str(r.read().decode())
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        """The tritonserver command line (ports must be assigned)."""
+        inst = self._installation or find_installation()
+        backend_dir = prepare_backend_dir(inst, self._cache_dir)
+        cmd = [
+            str(inst.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backend_dir}",
+            f"--http-address={LOOPBACK}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={LOOPBACK}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={LOOPBACK}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            "--metrics-config=summary_latencies=true",
+            f"--model-control-mode={self.model_control_mode}",
+            f"--strict-readiness={'true' if self.strict_readiness else 'false'}",
+            "--exit-timeout-secs=5",
+            f"--log-verbose={self.log_verbose}",
+        ]
+        cmd += [f"--load-model={m}" for m in self.load_models]
+        cmd += self.extra_args
+        return cmd
+
+    def start(self) -> LocalTriton:
+        if self._proc is not None:
+            raise RuntimeError("tritonserver is already running")
+        inst = self._installation = self._installation or find_installation()
+        if not self.model_repository.is_dir():
+            raise TritonStartError(f"model repository {self.model_repository} is not a directory")
+        auto_ports = not any(self._fixed_ports)
+        attempts = 3 if auto_ports else 1
+        for attempt in range(attempts):
+            free = _free_ports(3)
+            self.http_port, self.grpc_port, self.metrics_port = (
+                fixed or auto for fixed, auto in zip(self._fixed_ports, free, strict=True)
+            )
+            self._spawn(inst)
+            try:
+                self.wait_ready(self.startup_timeout_s)
+                self._was_ready = True
+                return self
+            except TritonStartError:
+                retry = attempt + 1 < attempts and "already in use" in self.log_tail(40)
+                self.stop()
+                if not retry:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _spawn(self, inst: TritonInstallation) -> None:
+        if self.log_path is None or self._own_log_dir is not None:
+            if self._own_log_dir is None:
+                self._own_log_dir = Path(tempfile.mkdtemp(prefix="batchfill-triton-"))
+            self.log_path = self._own_log_dir / f"tritonserver-{self.http_port}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=server_env(inst),
+            cwd=str(self.model_repository),
+            start_new_session=True,  # own process group: stop() can reap the Python-backend stubs too
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until ``/v2/health/ready`` answers true; raise :class:`TritonStartError` otherwise."""
+        import tritonclient.http as httpclient
+
+        deadline = time.monotonic() + timeout_s
+        client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2.0, network_timeout=2.0)
+        try:
+            while True:
+                proc = self._proc
+                if proc is None or proc.poll() is not None:
+                    code = None if proc is None else proc.returncode
+                    raise TritonStartError(
+                        f"tritonserver exited with code {code} before it was ready; log {self.log_path}\n"
+                        + self.diagnostics()
+                    )
+                with contextlib.suppress(Exception):
+                    if client.is_server_ready():
+                        return
+                if time.monotonic() > deadline:
+                    raise TritonStartError(
+                        f"tritonserver (pid {proc.pid}) not ready after {timeout_s:.0f} s "
+                        f"on {self.http_url}; log {self.log_path}\n" + self.diagnostics()
+                    )
+                time.sleep(0.2)
+        finally:
+            client.close()
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the server log (empty if there is none yet)."""
+        if self._log_file is not None:
+            with contextlib.suppress(Exception):
+                self._log_file.flush()
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_errors(self, max_lines: int = 20) -> list[str]:
+        """The last ``max_lines`` error lines of the server log (Triton's ``E...`` lines, protobuf ERRORs)."""
+        text = self.log_tail(100_000)
+        errors = [
+            line
+            for line in text.splitlines()
+            if _ERROR_LINE.match(line) or "ERROR" in line or line.startswith("error:")
+        ]
+        return errors[-max_lines:]
+
+    def diagnostics(self) -> str:
+        """What a failure message should show: the server log's error lines, then its last lines."""
+        errors = self.log_errors()
+        head = ("errors in the log:\n" + "\n".join(errors) + "\n") if errors else ""
+        return head + "last lines of the log:\n" + self.log_tail(15)
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait ``stop_grace_s``, then SIGKILL the server's process group. Returns the exit code."""
+        proc, self._proc = self._proc, None
+        code: int | None = None
+        if proc is not None:
+            pgid = proc.pid  # start_new_session=True: the server leads its own group
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=self.stop_grace_s)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pgid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+            code = proc.returncode
+            # Python-backend stubs normally exit with the server; reap any that did not.
+            deadline = time.monotonic() + 5
+            while process_group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if process_group_alive(pgid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+        if self._log_file is not None:
+            with contextlib.suppress(Exception):
+                self._log_file.close()
+            self._log_file = None
+        if self._own_log_dir is not None and self._was_ready and code == 0 and not self.keep_log:
+            # A log we chose the place of, of a run that went well: nobody will read it.
+            shutil.rmtree(self._own_log_dir, ignore_errors=True)
+            self._own_log_dir = None
+            self.log_path = None
+        self._was_ready = False
+        return code
+
+    def __enter__(self) -> LocalTriton:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __del__(self) -> None:  # last resort; normal code uses the context manager
+        with contextlib.suppress(Exception):
+            if self._proc is not None and self._proc.poll() is None:
+                self.stop()
+
+
+@contextlib.contextmanager
+def local_triton(model_repository: str | os.PathLike[str], **kwargs: Any) -> Iterator[LocalTriton]:
+    """Functional form of :class:`LocalTriton`."""
+    with LocalTriton(model_repository, **kwargs) as t:
+        yield t
