@@ -164,9 +164,7 @@ def serve(
                 # a sliding window, so the served model's p99 must not contain the measuring requests.
                 probe = f"{name}_profile"
                 probe_spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": probe})})
-                provisional = render_model_config(
-                    probe_spec, _provisional_plan(spec, sizes), instance_kind="KIND_CPU"
-                )
+                provisional = render_model_config(probe_spec, _provisional_plan(spec, sizes), instance_kind="KIND_CPU")
                 _load(triton, client, probe, provisional, example)
                 with console.status(f"measuring execution latency for batch sizes {sizes} ..."):
                     m = measure_profile(client, probe, http_inputs, sizes, warmup=3, repeats=repeats)

@@ -52,7 +52,7 @@ WARMUP_FRACTION = 0.05
 #: The queue delay is never below this (µs): a 0 is omitted from config.pbtxt and its meaning depends on the
 #: Triton version (CASES C03, server#3624).
 MIN_QUEUE_DELAY_US = 100
-#: Queue delays tried for each max batch size, as fractions of the largest one that fits (T - l(B)).
+#: Queue delays tried with user-given preferred sizes, as fractions of the largest that fits (T - l(B)).
 DELAY_FRACTIONS = (1.0, 0.5, 0.25, 0.05)
 #: Relative width at which the capacity bisection stops.
 CAPACITY_TOLERANCE = 0.01

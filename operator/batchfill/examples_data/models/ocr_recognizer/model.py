@@ -59,7 +59,7 @@ class TritonPythonModel:
         cuts = np.cumsum(sizes)[:-1]
         return [
             pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("tokens", t), pb_utils.Tensor("scores", s)])
-            for t, s in zip(np.split(tokens, cuts), np.split(scores, cuts))
+            for t, s in zip(np.split(tokens, cuts), np.split(scores, cuts), strict=True)
         ]
 
     def finalize(self):

@@ -1,0 +1,98 @@
+"""`batchfill plan` and `batchfill crd` as a user runs them: exit codes, output shapes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from batchfill.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT / "examples" / "seed-example.yaml"
+
+
+def test_plan_json_has_plan_seed_rule_and_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(SEED), "-o", "json", "--rps", "500"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"plan", "seedRule", "config"}
+    assert out["seedRule"]["maxQueueDelayMicroseconds"] == 40000
+    assert out["plan"]["maxBatchSize"] == 7
+    assert "max_batch_size: 7" in out["config"]
+    assert out["replicas"]["replicas"] == 6  # ceil(500 / (0.85 * 110.0))
+
+
+def test_plan_table_shows_seed_rule_and_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(SEED), "--rps", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "40000" in out
+    assert "max_queue_delay_microseconds: 100" in out
+    assert "replicas for 500 req/s" in out
+
+
+def test_several_documents_are_each_planned(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(SEED.read_text())
+    other = json.loads(json.dumps(doc))
+    other["metadata"]["name"] = "other"
+    other["spec"]["sla"]["latencyP99Ms"] = 200
+    f = tmp_path / "two.yaml"
+    f.write_text(yaml.safe_dump_all([doc, other]))
+    assert main(["plan", str(f), "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [o["name"] for o in out] == ["resnet50", "other"]
+
+
+def test_bad_input_exits_2_with_one_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["batching"] = {"maxBatchSize": 8, "preferredBatchSizes": [4, 16]}
+    doc["spec"]["scaling"] = {"minReplicas": 3, "maxReplicas": 1}
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(f)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert lines == [
+        f"{f}: spec.batching.preferredBatchSizes[1]=16 exceeds spec.batching.maxBatchSize=8",
+        f"{f}: spec.scaling.minReplicas=3 exceeds spec.scaling.maxReplicas=1",
+    ]
+    assert "Traceback" not in captured.err + captured.out
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("spec: [unclosed", "YAML does not parse"),
+        ("just a string", "(document): must be a mapping"),
+        ("kind: Pod\nspec: {}", "kind: must be BatchedModel"),
+        ("spec: {}", "spec.model: is required"),
+    ],
+)
+def test_malformed_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_text(text)
+    assert main(["plan", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "Traceback" not in err
+
+
+def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "/nonexistent/x.yaml"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_infeasible_sla_exits_2_with_the_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["sla"] = {"latencyP99Ms": 130, "networkOverheadMs": 40}
+    doc["spec"]["profile"] = [{"batchSize": 1, "latencyMs": 120}]
+    f = tmp_path / "slow.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(f)]) == 2
+    assert "latency at batch 1 is 120 ms, budget is 90 ms" in capsys.readouterr().err
+
+
+def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out.strip() == (ROOT / "crds" / "batchedmodel.yaml").read_text().strip()
