@@ -7,9 +7,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.batchfill-setup
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-# Debian packages: Prometheus 2.42 (the real server for component tests) and libpython3.11, which the
-# Triton Python-backend stub shipped in nvidia-pytriton links against.
-DEB_PACKAGES := prometheus libpython3.11
+# Debian packages: python3.11 with venv (ensurepip), libpython3.11, which the Triton Python-backend stub
+# shipped in nvidia-pytriton links against, and Prometheus 2.42, the real server the metrics tests scrape with.
+DEB_PACKAGES := python3.11 python3.11-venv libpython3.11 prometheus
 
 .PHONY: setup test lint demo plan clean-venv
 .DEFAULT_GOAL := test
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

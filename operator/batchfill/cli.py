@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from batchfill import __version__
-from batchfill.api.errors import SpecError
+from batchfill.api.errors import Problem, SpecError
 from batchfill.api.validate import load_model, parse_documents
 from batchfill.policy.plan import PlanResult, plan_batching, replicas_for
 
@@ -30,9 +31,13 @@ def _err(console: Console, line: str) -> None:
 
 
 def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    return Path(path).read_text(encoding="utf-8")
+    """The file's text. Raises SpecError for bytes that are not UTF-8 (YAML is text)."""
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        return Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError([Problem("(file)", f"is not UTF-8 text (byte {e.start}): not a YAML document")]) from None
 
 
 def plan_document(doc: Any, rps: float | None, seed: int) -> dict[str, Any]:
@@ -75,7 +80,7 @@ def _table(console: Console, planned: dict[str, Any]) -> None:
     console.rule(f"[bold]{planned['name']}[/bold]: config.pbtxt")
     console.print(planned["config"], markup=False, highlight=False)
     t = Table(title=f"Batching plan for {planned['name']}", show_header=True, header_style="bold")
-    t.add_column("")
+    t.add_column("", no_wrap=True)
     t.add_column("seed rule (D = S - l(B) - N)", justify="right")
     t.add_column("chosen plan", justify="right")
     t.add_row(
@@ -142,8 +147,6 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
             failed = True
             for p in e.problems:
                 _err(err, f"{label}: {p}")
-    if failed:
-        return EXIT_USAGE
     public = [{k: v for k, v in one.items() if not k.startswith("_")} for one in planned]
     if args.output == "json":
         payload: Any = public[0] if len(public) == 1 else public
@@ -153,7 +156,8 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:
         for one in planned:
             _table(out, one)
-    return EXIT_OK
+    # the documents that planned are printed; any that did not make the exit code 2
+    return EXIT_USAGE if failed else EXIT_OK
 
 
 def cmd_crd(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -201,7 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="derive Triton's batching settings and capacity from a BatchedModel file")
     p.add_argument("file", help="BatchedModel YAML (several documents are planned one by one); - for stdin")
     p.add_argument("--rps", type=float, default=None, help="request rate to size replicas for (req/s)")
-    p.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "yaml", "json"),
+        default="table",
+        help="json: one object per document (a list when the file holds several); yaml: one document each",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated arrivals (default 0)")
     p.set_defaults(func=cmd_plan)
 
@@ -222,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):  # `batchfill plan ... | head` ends quietly, as Unix tools do
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     out = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
     args = build_parser().parse_args(argv)

@@ -44,8 +44,11 @@ PROFILE_SIZES = [1, 2, 4, 8, 16, 32]
 LOAD_FRACTION = 0.9
 LOAD_SECONDS = 20.0
 SIM_CHECK_SECONDS = 15.0
-#: The simulator must predict the real server p99 to within this fraction (plus 2 ms of timer noise).
-SIM_TOLERANCE = 0.15
+#: The simulator must predict the real server p99 to within this fraction plus SIM_SLACK_MS. The profile is
+#: measured with one request of b samples, and a batch of b single requests costs ~0.06 ms more per request
+#: (test_sleep_model_profile); with scheduling noise on a 2-core machine the measured gap is 5-15 %.
+SIM_TOLERANCE = 0.2
+SIM_SLACK_MS = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +135,7 @@ def test_simulator_predicts_the_real_p99(
 ) -> None:
     """Same arrivals, same settings: simulated and real server p99.
 
-    With the plan's preferred sizes (every size 1..B) they agree within SIM_TOLERANCE (+2 ms). With only
+    With the plan's preferred sizes (every size 1..B) they agree within SIM_TOLERANCE (+SIM_SLACK_MS). With only
     ``[B]`` preferred, Triton 2.51's batcher is not woken by arrivals while a batch executes (it waits for the
     queue to reach the next preferred size), so requests miss the next batch and the real p99 is well above
     the simulated one: the known gap that makes the plan list every size. If this half ever fails, Triton's
@@ -159,11 +162,11 @@ def test_simulator_predicts_the_real_p99(
         f"(avg batch {float(np.mean(run.batch_sizes)):.2f})"
     )
     if preferred == "plan":
-        assert abs(server_p99 - sim_p99) <= SIM_TOLERANCE * sim_p99 + 2.0, (
+        assert abs(server_p99 - sim_p99) <= SIM_TOLERANCE * sim_p99 + SIM_SLACK_MS, (
             f"real p99 {server_p99:.1f} ms vs simulated {sim_p99:.1f} ms with preferred_batch_size={preferred}"
         )
     else:
-        assert server_p99 > (1 + SIM_TOLERANCE) * sim_p99, (
+        assert server_p99 > (1 + SIM_TOLERANCE) * sim_p99 + SIM_SLACK_MS, (
             f"real p99 {server_p99:.1f} ms is close to the simulated {sim_p99:.1f} ms with preferred [B]: "
             "Triton's batcher now grows the next batch while busy; revisit the dense preferred-size rule"
         )

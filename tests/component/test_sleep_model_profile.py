@@ -6,8 +6,9 @@ so any difference between simulated and measured queueing comes from the batcher
 Tolerances (stated, printed with the measured numbers):
 * the constant overhead c (median of measured - nominal) is the Python backend's per-execution cost outside
   ``execute``'s sleep; it must lie in [0, 2] ms;
-* every batch size must be within 1.0 ms of nominal + c for client-formed batches, and within 1.5 ms for
-  batches the dynamic batcher formed out of single-sample requests (more requests per execution);
+* every batch size must be within 1.0 ms of nominal + c for client-formed batches, and within 2.0 ms for
+  batches the dynamic batcher formed out of single-sample requests (more requests per execution; only batch
+  sizes seen at least 20 times count, since a mean of a few executions is timer noise);
 * the least-squares slope must be within 5 % of beta for client-formed batches (one request of b samples).
   For batches of b single-sample requests the backend also pays a per-request cost outside ``execute``
   (request/response marshalling through shared memory): measured about 0.06 ms per request on this machine,
@@ -32,7 +33,7 @@ ALPHA_MS = 5.0
 BETA_MS = 1.0
 MAX_OVERHEAD_MS = 2.0
 POINT_TOLERANCE_MS = 1.0
-DYNAMIC_POINT_TOLERANCE_MS = 1.5
+DYNAMIC_POINT_TOLERANCE_MS = 2.0
 SLOPE_TOLERANCE = 0.05
 MAX_PER_REQUEST_OVERHEAD_MS = 0.15
 
@@ -90,7 +91,7 @@ def test_dynamic_batches_of_single_requests_take_alpha_plus_beta_b(triton: Local
     assert d.inference_count == sent
     seen = {b: s.executions for b, s in sorted(d.batches.items())}
     print("executions per batch size:", seen)
-    measured = d.exec_latency_ms(min_executions=5)
+    measured = d.exec_latency_ms(min_executions=20)
     assert len(measured) >= 4, f"the dynamic batcher formed too few distinct batch sizes: {seen}"
     assert max(measured) > 4
     _check_profile(measured, DYNAMIC_POINT_TOLERANCE_MS, dynamic=True)

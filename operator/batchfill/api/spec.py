@@ -178,10 +178,15 @@ class ModelSpec(_Model):
         description="Triton model name: the directory in the repository and the `model` label on nv_* metrics.",
     )
     backend: str | None = Field(
-        default=None, description="Triton backend, e.g. onnxruntime, python, pytorch, tensorrt."
+        default=None,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="Triton backend, e.g. onnxruntime, python, pytorch, tensorrt.",
     )
     platform: str | None = Field(
         default=None,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
         description="Triton platform, e.g. tensorrt_plan, onnxruntime_onnx (instead of backend).",
     )
     stateful: bool = Field(
@@ -348,7 +353,7 @@ class ResourceRequirements(_Model):
 class TritonSpec(_Model):
     """The Triton pods."""
 
-    image: str = Field(default=DEFAULT_TRITON_IMAGE, min_length=1, description="Triton server image.")
+    image: str = Field(default=DEFAULT_TRITON_IMAGE, min_length=1, max_length=1024, description="Triton server image.")
     gpusPerReplica: int = Field(
         default=1,
         ge=0,
@@ -364,7 +369,9 @@ class TritonSpec(_Model):
         default_factory=list,
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
-    args: list[str] = Field(default_factory=list, description="Extra tritonserver arguments.")
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=64, description="Extra tritonserver arguments."
+    )
 
 
 class BatchedModelSpec(_Model):
@@ -377,7 +384,8 @@ class BatchedModelSpec(_Model):
         min_length=1,
         max_length=64,
         description=(
-            "Execution latency per batch size, batch sizes strictly increasing (`batchfill profile` measures it)."
+            "Execution latency per batch size, batch sizes strictly increasing "
+            "(measured on Triton, e.g. by `batchfill serve`)."
         ),
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -399,8 +407,8 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = "unnamed"
-    namespace: str | None = None
+    name: str = Field(default="unnamed", max_length=253)
+    namespace: str | None = Field(default=None, max_length=63)
     generation: int | None = None
 
 

@@ -310,6 +310,8 @@ def parse_documents(text: str) -> list[Any]:
     """
     try:
         return [d for d in yaml.safe_load_all(text) if d is not None]
+    except RecursionError:
+        raise SpecError([Problem("(document)", "YAML nests too deeply to be a BatchedModel")]) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"

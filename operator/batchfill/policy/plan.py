@@ -136,14 +136,14 @@ class PlanResult:
     rule: str
 
     def to_status(self) -> PlanStatus:
-        """The ``status.plan`` object (rounded: 0.1 rps, 0.01 ms)."""
+        """The ``status.plan`` object (rounded: capacities to 4 significant digits, p99 down to 0.01 ms)."""
         c = self.chosen
         seed = None
         if self.seed_rule is not None:
             seed = SeedRule(
                 maxBatchSize=self.seed_rule.max_batch_size,
                 maxQueueDelayMicroseconds=self.seed_rule.max_queue_delay_us,
-                capacityPerReplicaRps=round(self.seed_rule.capacity_rps, 1),
+                capacityPerReplicaRps=_significant(self.seed_rule.capacity_rps),
             )
         return PlanStatus(
             maxBatchSize=c.max_batch_size,
@@ -152,12 +152,18 @@ class PlanResult:
             instanceCount=self.instance_count,
             minimumSlotUtilization=self.minimum_slot_utilization,
             serverBudgetMs=round(self.server_budget_ms, 3),
-            capacityPerReplicaRps=round(c.capacity_rps, 1),
-            predictedP99Ms=round(c.p99_ms, 2),
+            capacityPerReplicaRps=_significant(c.capacity_rps),
+            # floor, so a p99 that meets the budget never rounds above it
+            predictedP99Ms=math.floor(c.p99_ms * 100) / 100,
             minClientTimeoutMs=round(self.min_client_timeout_ms, 2),
             rule=self.rule,
             seedRule=seed,
         )
+
+
+def _significant(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant digits (a tiny capacity must not round to 0)."""
+    return float(f"{x:.{digits}g}")
 
 
 def replicas_for(
@@ -217,8 +223,10 @@ class _Evaluator:
         """Bisection for the largest rate with p99 <= target on the search draws."""
         lo, hi = 0.0, self.upper_bound_rps(cand)
         p99_lo = 0.0
-        while hi - lo > CAPACITY_TOLERANCE * hi:
-            mid = (lo + hi) / 2
+        floor = hi * 1e-6
+        while hi - lo > CAPACITY_TOLERANCE * hi and hi > floor:
+            # halve while nothing feasible was found (capacity far below the full-batch bound), then bisect
+            mid = (lo + hi) / 2 if lo > 0 else hi / 2
             p = self.p99(cand, mid, self.search)
             if p <= self.target_ms:
                 lo, p99_lo = mid, p
@@ -289,7 +297,15 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
         InfeasibleSLAError: even batch size 1 does not fit the server budget.
     """
     if not spec.profile:
-        raise SpecError([Problem("spec.profile", "is required to plan (measure it with `batchfill profile`)")])
+        raise SpecError(
+            [
+                Problem(
+                    "spec.profile",
+                    "is required to plan: give each batch size's execution latency "
+                    "(`batchfill serve` measures it on a real Triton)",
+                )
+            ]
+        )
     sla, b = spec.sla, spec.batching
     profile = LatencyProfile.from_points(spec.profile)
     budget = sla.latencyP99Ms - sla.networkOverheadMs
@@ -337,6 +353,10 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
     if batching_off:
         only = Candidate(0, (), 0, executors)
         chosen = evaluator.confirmed(evaluator.capacity(only))
+        if chosen.capacity_rps <= 0:
+            raise InfeasibleSLAError(
+                [Problem("spec.sla.latencyP99Ms", f"no request rate keeps the simulated p99 within the {budget_text}")]
+            )
         return _result(spec, profile, chosen, None, (chosen,), budget, target, warnings, direct, seed)
 
     preferred_override = tuple(sorted(b.preferredBatchSizes)) if b.preferredBatchSizes else None

@@ -1,0 +1,314 @@
+"""Pure builders of the Kubernetes objects a BatchedModel owns: ConfigMap, Deployment, Service, ServiceMonitor.
+
+Plain dicts (what the API takes), in the style of dask-kubernetes' manifest builders: no client objects, no
+I/O. Every child carries a controller ownerReference to its BatchedModel, so deleting the BatchedModel is
+garbage collection by the API server, not a finalizer.
+
+Triton's ports, probes and flags follow the Triton docs (user_guide/metrics.md, protocol/extension_*.md,
+`tritonserver --help`); GPUs follow Kubernetes' device-plugin rules (extended resources: limits, and requests
+equal to limits when given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from batchfill.api.errors import Problem, SpecError
+from batchfill.api.spec import API_VERSION, KIND, BatchedModelSpec
+from batchfill.api.validate import GPU_RESOURCE
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+MODEL_DIR = "/models"
+SOURCE_DIR = "/model-source"
+CONFIG_DIR = "/etc/batchfill/config"
+CONFIG_KEY = "config.pbtxt"
+CONFIG_HASH_ANNOTATION = "batchfill.io/config-hash"
+MODEL_LABEL = "batchfill.io/batchedmodel"
+#: Triton's NGC images run as this user (uid 1000, "triton-server").
+TRITON_UID = 1000
+#: Model loads can be slow (large engines, cold object stores): allow 20 minutes before liveness applies.
+STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 120
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The BatchedModel that owns the children (from its metadata)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        """A controller ownerReference: garbage collection deletes the child with its owner."""
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def names(owner: Owner) -> dict[str, str]:
+    """Child object names, derived from the BatchedModel's name (stable across reconciles)."""
+    return {
+        "configmap": f"{owner.name}-triton-config",
+        "deployment": f"{owner.name}-triton",
+        "service": f"{owner.name}-triton",
+        "servicemonitor": f"{owner.name}-triton",
+    }
+
+
+def selector_labels(owner: Owner) -> dict[str, str]:
+    """Labels that select this BatchedModel's Triton pods (immutable once the Deployment exists)."""
+    return {"app.kubernetes.io/name": "triton", MODEL_LABEL: owner.name}
+
+
+def labels(owner: Owner) -> dict[str, str]:
+    """Labels on every child."""
+    return {
+        **selector_labels(owner),
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/component": "inference-server",
+        "app.kubernetes.io/managed-by": "batchfill",
+    }
+
+
+def _meta(owner: Owner, name: str, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner),
+        "ownerReferences": [owner.reference()],
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def build_configmap(owner: Owner, config_pbtxt: str, config_hash: str) -> dict[str, Any]:
+    """The ConfigMap holding the rendered ``config.pbtxt``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, names(owner)["configmap"], {CONFIG_HASH_ANNOTATION: config_hash}),
+        "data": {CONFIG_KEY: config_pbtxt},
+    }
+
+
+def _gpu_resources(spec: BatchedModelSpec) -> dict[str, dict[str, Any]]:
+    """Container resources: the user's, with nvidia.com/gpu set in limits AND requests to gpusPerReplica.
+
+    Extended resources cannot be overcommitted: requests must equal limits (CASES C20). validate.py has
+    already rejected a user value that disagrees with gpusPerReplica.
+    """
+    requests = {k: v for k, v in spec.triton.resources.requests.items() if k != GPU_RESOURCE}
+    limits = {k: v for k, v in spec.triton.resources.limits.items() if k != GPU_RESOURCE}
+    gpus = spec.triton.gpusPerReplica
+    if gpus > 0:
+        limits[GPU_RESOURCE] = str(gpus)
+        requests[GPU_RESOURCE] = str(gpus)
+    out: dict[str, dict[str, Any]] = {}
+    if requests:
+        out["requests"] = {k: str(v) for k, v in sorted(requests.items())}
+    if limits:
+        out["limits"] = {k: str(v) for k, v in sorted(limits.items())}
+    return out
+
+
+def triton_args(spec: BatchedModelSpec) -> list[str]:
+    """tritonserver's command line.
+
+    ``summary_latencies`` gives the server-side p99 the autoscaler reads; auto-complete is off when the spec
+    declares every input and output, so Triton cannot silently change the derived config (CASES C01).
+    """
+    args = [
+        "tritonserver",
+        f"--model-repository={MODEL_DIR}",
+        "--model-control-mode=none",
+        "--strict-readiness=true",
+        f"--http-port={HTTP_PORT}",
+        f"--grpc-port={GRPC_PORT}",
+        f"--metrics-port={METRICS_PORT}",
+        "--allow-metrics=true",
+        "--allow-gpu-metrics=true",
+        "--metrics-config=summary_latencies=true",
+        "--exit-timeout-secs=30",
+    ]
+    if spec.model.inputs and spec.model.outputs:
+        args.append("--disable-auto-complete-config")
+    return args + list(spec.triton.args)
+
+
+def _source_volume(spec: BatchedModelSpec) -> tuple[dict[str, Any], str]:
+    """The volume holding the model files, and the path of the model repository inside it."""
+    repo = spec.model.repository
+    if repo is None:
+        raise SpecError([Problem("spec.model.repository", "is required to deploy (pvc or image)")])
+    if repo.pvc is not None:
+        return {"name": "model-source", "persistentVolumeClaim": {"claimName": repo.pvc.claimName, "readOnly": True}}, (
+            repo.pvc.path.strip("/")
+        )
+    if repo.image is not None:
+        return {"name": "model-source", "image": {"reference": repo.image.reference, "pullPolicy": "IfNotPresent"}}, (
+            repo.image.path.strip("/")
+        )
+    raise SpecError(
+        [
+            Problem(
+                "spec.model.repository.uri",
+                "object-store repositories cannot carry batchfill's derived config.pbtxt yet; use pvc or image",
+            )
+        ]
+    )
+
+
+def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, replicas: int) -> dict[str, Any]:
+    """The Triton Deployment.
+
+    An init container (the same Triton image) assembles the model repository in an emptyDir: the model's
+    files from the source volume, and ``config.pbtxt`` from the ConfigMap, which replaces any config shipped
+    with the model. ``config_hash`` in a pod-template annotation rolls the pods exactly when the config
+    changes. ``replicas`` is the count to create with; the operator scales through the scale subresource.
+    """
+    source, sub_path = _source_volume(spec)
+    model = spec.model.name
+    src = f"{SOURCE_DIR}/{sub_path}/{model}" if sub_path else f"{SOURCE_DIR}/{model}"
+    assemble = (
+        f'set -eu; mkdir -p "{MODEL_DIR}/{model}"; '
+        f'cp -RL "{src}/." "{MODEL_DIR}/{model}/"; '
+        f'cp "{CONFIG_DIR}/{CONFIG_KEY}" "{MODEL_DIR}/{model}/{CONFIG_KEY}"'
+    )
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "runAsUser": TRITON_UID,
+        "runAsGroup": TRITON_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    probe_get = {"port": "http"}
+    container: dict[str, Any] = {
+        "name": "triton",
+        "image": spec.triton.image,
+        "args": triton_args(spec),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/v2/health/ready", **probe_get},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", **probe_get},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "startupProbe": {
+            "httpGet": {"path": "/v2/health/ready", **probe_get},
+            "periodSeconds": STARTUP_PERIOD_S,
+            "failureThreshold": STARTUP_FAILURES,
+        },
+        "volumeMounts": [
+            {"name": "models", "mountPath": MODEL_DIR, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},  # the Python backend talks to its stubs through it
+        ],
+        "securityContext": restricted,
+    }
+    resources = _gpu_resources(spec)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "securityContext": {"runAsNonRoot": True, "fsGroup": TRITON_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": [
+            {
+                "name": "assemble-model-repository",
+                "image": spec.triton.image,
+                "command": ["sh", "-c", assemble],
+                "volumeMounts": [
+                    {"name": "model-source", "mountPath": SOURCE_DIR, "readOnly": True},
+                    {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                    {"name": "models", "mountPath": MODEL_DIR},
+                ],
+                "securityContext": restricted,
+            }
+        ],
+        "containers": [container],
+        "volumes": [
+            source,
+            {"name": "config", "configMap": {"name": names(owner)["configmap"]}},
+            {"name": "models", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+        "terminationGracePeriodSeconds": 60,
+        "enableServiceLinks": False,
+    }
+    if spec.triton.nodeSelector:
+        pod_spec["nodeSelector"] = dict(sorted(spec.triton.nodeSelector.items()))
+    if spec.triton.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.triton.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, names(owner)["deployment"]),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(owner)},
+            # Never drop below the replicas that carry the load while new pods load the model.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {
+                    "labels": labels(owner),
+                    "annotations": {
+                        CONFIG_HASH_ANNOTATION: config_hash,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(METRICS_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def build_service(owner: Owner) -> dict[str, Any]:
+    """ClusterIP Service: HTTP 8000, gRPC 8001, metrics 8002."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(
+            owner,
+            names(owner)["service"],
+            {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"},
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_service_monitor(owner: Owner, interval_s: int = 15) -> dict[str, Any]:
+    """prometheus-operator ServiceMonitor scraping Triton's metrics port; keeps the namespace and pod labels."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _meta(owner, names(owner)["servicemonitor"]),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(owner)},
+            "namespaceSelector": {"matchNames": [owner.namespace]},
+            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": f"{interval_s}s"}],
+        },
+    }

@@ -1,0 +1,121 @@
+"""The Kubernetes children of a BatchedModel: owner references, GPUs (C20), probes, config hash."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from batchfill.api.errors import SpecError
+from batchfill.api.validate import load_model
+from batchfill.render.kube import (
+    CONFIG_HASH_ANNOTATION,
+    Owner,
+    build_configmap,
+    build_deployment,
+    build_service,
+    build_service_monitor,
+    triton_args,
+)
+
+from .conftest import SEED_DOC
+
+OWNER = Owner(name="resnet50", namespace="ml", uid="1234-abcd")
+
+
+def spec_with(**triton: Any) -> Any:
+    doc = copy.deepcopy(SEED_DOC)
+    doc["spec"]["model"]["repository"] = {"pvc": {"claimName": "models", "path": "/repo"}}
+    doc["spec"]["model"]["inputs"] = [{"name": "input", "dataType": "TYPE_FP32", "dims": [3, 224, 224]}]
+    doc["spec"]["model"]["outputs"] = [{"name": "logits", "dataType": "TYPE_FP32", "dims": [1000]}]
+    doc["spec"]["triton"] = triton
+    return load_model(doc).spec
+
+
+def container(dep: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any] = dep["spec"]["template"]["spec"]["containers"][0]
+    return c
+
+
+def test_every_child_is_owned_by_its_batchedmodel() -> None:
+    spec = spec_with()
+    for obj in (
+        build_configmap(OWNER, 'name: "m"\n', "h"),
+        build_deployment(OWNER, spec, "h", 1),
+        build_service(OWNER),
+        build_service_monitor(OWNER),
+    ):
+        refs = obj["metadata"]["ownerReferences"]
+        assert refs == [
+            {
+                "apiVersion": "batchfill.io/v1alpha1",
+                "kind": "BatchedModel",
+                "name": "resnet50",
+                "uid": "1234-abcd",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert obj["metadata"]["namespace"] == "ml"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "batchfill"
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_c20_gpu_in_limits_and_equal_requests(gpus: int) -> None:
+    dep = build_deployment(OWNER, spec_with(gpusPerReplica=gpus, resources={"limits": {"memory": "8Gi"}}), "h", 1)
+    res = container(dep)["resources"]
+    assert res["limits"] == {"memory": "8Gi", "nvidia.com/gpu": str(gpus)}
+    assert res["requests"] == {"nvidia.com/gpu": str(gpus)}
+
+
+def test_c20_cpu_replica_has_no_gpu() -> None:
+    dep = build_deployment(OWNER, spec_with(gpusPerReplica=0), "h", 1)
+    assert "nvidia.com/gpu" not in str(container(dep).get("resources", {}))
+
+
+def test_probes_ports_and_triton_flags() -> None:
+    c = container(build_deployment(OWNER, spec_with(args=["--log-verbose=1"]), "h", 1))
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 600
+    assert [p["containerPort"] for p in c["ports"]] == [8000, 8001, 8002]
+    assert "--metrics-config=summary_latencies=true" in c["args"]
+    assert "--disable-auto-complete-config" in c["args"]  # inputs and outputs are declared
+    assert c["args"][-1] == "--log-verbose=1"
+
+
+def test_auto_complete_stays_on_when_tensors_are_not_declared() -> None:
+    doc = copy.deepcopy(SEED_DOC)
+    assert "--disable-auto-complete-config" not in triton_args(load_model(doc).spec)
+
+
+def test_config_hash_in_pod_template_rolls_pods_only_on_config_change() -> None:
+    spec = spec_with()
+    a, b = build_deployment(OWNER, spec, "aaaa", 1), build_deployment(OWNER, spec, "bbbb", 1)
+    assert a["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == "aaaa"
+    assert a == build_deployment(OWNER, spec, "aaaa", 1)  # deterministic
+    a["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] = "bbbb"
+    assert a == b
+
+
+def test_init_container_places_the_derived_config_over_the_model_files() -> None:
+    dep = build_deployment(OWNER, spec_with(), "h", 1)
+    init = dep["spec"]["template"]["spec"]["initContainers"][0]
+    script = init["command"][2]
+    assert '"/model-source/repo/resnet50/."' in script
+    assert script.endswith('"/etc/batchfill/config/config.pbtxt" "/models/resnet50/config.pbtxt"')
+    vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert vols["model-source"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert vols["config"]["configMap"]["name"] == "resnet50-triton-config"
+
+
+def test_deploying_without_a_repository_is_a_field_error() -> None:
+    with pytest.raises(SpecError, match=r"spec\.model\.repository"):
+        build_deployment(OWNER, load_model(copy.deepcopy(SEED_DOC)).spec, "h", 1)
+
+
+def test_service_exposes_http_grpc_metrics() -> None:
+    svc = build_service(OWNER)
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("http", 8000), ("grpc", 8001), ("metrics", 8002)]
+    assert svc["spec"]["selector"] == {"app.kubernetes.io/name": "triton", "batchfill.io/batchedmodel": "resnet50"}
