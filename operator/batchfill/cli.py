@@ -194,6 +194,42 @@ def cmd_serve(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_OK if report.sla_kept else EXIT_FAILED
 
 
+def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """Run the operator (kopf) until interrupted."""
+    import logging
+
+    import kopf
+    from pydantic import ValidationError
+
+    from batchfill.settings import OperatorSettings
+
+    try:
+        settings = OperatorSettings.from_env(
+            prometheus_url=args.prometheus_url,
+            namespaces=tuple(n for n in (args.namespaces or "").split(",") if n) or None,
+            log_format=args.log_format,
+            metrics_port=args.metrics_port,
+        )
+    except ValidationError as e:
+        for problem in e.errors(include_url=False):
+            _err(err, f"setting {'.'.join(str(x) for x in problem['loc'])}: {problem['msg']}")
+        return EXIT_USAGE
+    kopf.configure(
+        verbose=args.verbose, log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL
+    )
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    import batchfill.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.run(
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        memo=kopf.Memo(settings=settings),
+        liveness_endpoint=args.liveness,
+    )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchfill",
@@ -225,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-measure", action="store_true", help="plan from the declared profile, do not measure")
     s.add_argument("--seed", type=int, default=0, help="seed of the planner and of the load (default 0)")
     s.set_defaults(func=cmd_serve)
+
+    r = sub.add_parser("run", help="run the operator (settings: BATCHFILL_* environment, see batchfill.settings)")
+    r.add_argument("--prometheus-url", default=None, help="Prometheus base URL (BATCHFILL_PROMETHEUS_URL)")
+    r.add_argument("--namespaces", default=None, help="comma-separated namespaces; empty: all (BATCHFILL_NAMESPACES)")
+    r.add_argument("--log-format", choices=("text", "json"), default=None, help="(BATCHFILL_LOG_FORMAT)")
+    r.add_argument("--metrics-port", type=int, default=None, help="operator /metrics port (BATCHFILL_METRICS_PORT)")
+    r.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    r.add_argument("--verbose", action="store_true")
+    r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("crd", help="print the BatchedModel CustomResourceDefinition (YAML)")
     c.set_defaults(func=cmd_crd)

@@ -1,0 +1,134 @@
+"""Kubernetes API calls of the operator (I/O only), through the official `kubernetes` client.
+
+Children are written with server-side apply under one field manager, so an unchanged object is a no-op on
+the server (no new resourceVersion) and a changed one is one PATCH. Errors are sorted into the two kinds
+the handlers need: temporary (conflicts, throttling, server errors, timeouts: retry with backoff) and
+permanent (the API server rejected the object: retrying cannot help).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
+from urllib3.exceptions import HTTPError
+
+FIELD_MANAGER = "batchfill"
+log = logging.getLogger(__name__)
+
+#: HTTP statuses worth retrying: conflict, throttling, server-side trouble.
+TEMPORARY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+
+
+class KubeTemporaryError(RuntimeError):
+    """The API may accept the same request later (conflict, throttling, outage). ``delay_s`` suggests a backoff."""
+
+    def __init__(self, message: str, delay_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.delay_s = delay_s
+
+
+class KubePermanentError(RuntimeError):
+    """The API server rejected the request (e.g. 422 Invalid): the same request will fail again."""
+
+
+def load_config(kubeconfig: str | None = None) -> None:
+    """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG`` or the argument)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig)
+
+
+def _classify(err: Exception, what: str) -> Exception:
+    status = getattr(err, "status", None)
+    if isinstance(err, HTTPError | TimeoutError | ConnectionError):
+        return KubeTemporaryError(f"{what}: API unreachable: {err}", delay_s=10)
+    if status in TEMPORARY_STATUSES:
+        retry = 1.0 if status == 409 else 10.0
+        return KubeTemporaryError(f"{what}: HTTP {status}: {getattr(err, 'reason', '')}", delay_s=retry)
+    body = getattr(err, "body", None) or getattr(err, "summary", lambda: "")()
+    return KubePermanentError(f"{what}: HTTP {status}: {body}")
+
+
+@dataclass
+class Kube:
+    """The operator's view of the API: dynamic client for children, typed clients where simpler."""
+
+    api: client.ApiClient
+
+    @classmethod
+    def from_config(cls, kubeconfig: str | None = None) -> Kube:
+        load_config(kubeconfig)
+        return cls(client.ApiClient())
+
+    @property
+    def dynamic(self) -> DynamicClient:
+        if not hasattr(self, "_dynamic"):
+            self._dynamic = DynamicClient(self.api)
+        return self._dynamic
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def has_kind(self, api_version: str, kind: str) -> bool:
+        """Whether the API serves ``kind`` (e.g. the prometheus-operator's ServiceMonitor)."""
+        try:
+            self._resource(api_version, kind)
+        except ResourceNotFoundError:
+            return False
+        except (DynamicApiError, ApiException, HTTPError) as e:
+            raise _classify(e, f"discovery of {kind}") from None
+        return True
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply ``obj`` as the batchfill field manager (conflicts forced: we own these fields)."""
+        meta = obj["metadata"]
+        what = f"apply {obj['kind']} {meta.get('namespace', '')}/{meta['name']}"
+        try:
+            res = self._resource(obj["apiVersion"], obj["kind"])
+            out = res.server_side_apply(
+                body=obj,
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                field_manager=FIELD_MANAGER,
+                force_conflicts=True,
+            )
+        except (DynamicApiError, ApiException, HTTPError) as e:
+            raise _classify(e, what) from None
+        result: dict[str, Any] = out.to_dict()
+        return result
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            obj = self._resource(api_version, kind).get(name=name, namespace=namespace)
+        except NotFoundError:
+            return None
+        except (DynamicApiError, ApiException, HTTPError) as e:
+            raise _classify(e, f"get {kind} {namespace}/{name}") from None
+        result: dict[str, Any] = obj.to_dict()
+        return result
+
+    def list_pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        """Pods matching the label selector."""
+        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        try:
+            pods = client.CoreV1Api(self.api).list_namespaced_pod(namespace, label_selector=label_selector)
+        except (ApiException, HTTPError) as e:
+            raise _classify(e, f"list pods {namespace}") from None
+        return [self.api.sanitize_for_serialization(p) for p in pods.items]
+
+    def scale_deployment(self, name: str, namespace: str, replicas: int) -> None:
+        """Set replicas through the Deployment's scale subresource."""
+        try:
+            client.AppsV1Api(self.api).patch_namespaced_deployment_scale(
+                name, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER
+            )
+        except (ApiException, HTTPError) as e:
+            raise _classify(e, f"scale Deployment {namespace}/{name}") from None

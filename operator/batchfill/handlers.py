@@ -1,0 +1,93 @@
+"""kopf handlers: decorators and error translation only; the work is in reconcile.py.
+
+* create / update / resume run the same reconcile. kopf leaves ``status`` out of its diff base, so the
+  operator's own status writes never trigger them (CASES C16); handler progress and the diff base live in
+  ``batchfill.io/`` annotations, not in ``status``.
+* invalid or infeasible specs -> conditions + one Warning event + ``kopf.PermanentError`` (no retry loop);
+  API conflicts, throttling and outages -> ``kopf.TemporaryError`` with a backoff (CASES C18). No handler is
+  declared with ``retries=0`` (which kopf reads as "zero attempts").
+* delete: nothing to do: every child has an ownerReference, so the API server garbage-collects them. The
+  handler is ``optional`` so kopf adds no finalizer for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
+from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.reconcile import SpecRejectedError, reconcile, refresh_status
+from batchfill.settings import OperatorSettings
+
+log = logging.getLogger("batchfill")
+ANNOTATION_PREFIX = "batchfill.io"
+
+
+def _kube(memo: Any) -> Kube:
+    kube = getattr(memo, "kube", None)
+    if kube is None:
+        kube = memo.kube = Kube.from_config()
+    return kube
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    ours: OperatorSettings = memo.get("settings") or OperatorSettings.from_env()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
+    settings.posting.level = logging.WARNING  # only warnings and errors become Events; decisions post their own
+    settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
+    settings.execution.max_workers = ours.max_workers
+    settings.networking.request_timeout = ours.request_timeout_s
+    memo.kube = Kube.from_config()
+
+
+def _emitter(body: Any) -> Any:
+    def emit(type_: str, reason: str, message: str) -> None:
+        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+
+    return emit
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    kube = _kube(memo)
+    try:
+        changes = reconcile(body, kube, now=time.time(), emit=_emitter(body))
+    except SpecRejectedError as rejected:
+        for key, value in rejected.status.items():
+            patch.status[key] = value
+        raise kopf.PermanentError(str(rejected)) from None
+    except KubeTemporaryError as err:
+        raise kopf.TemporaryError(str(err), delay=err.delay_s * min(2**retry, 12)) from None
+    except KubePermanentError as err:
+        kopf.event(body, type="Warning", reason="ApplyRejected", message=str(err)[:1024])
+        raise kopf.PermanentError(str(err)) from None
+    for key, value in changes.items():
+        patch.status[key] = value
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=15.0, initial_delay=5.0, sharp=False)
+def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Replica counts and Ready from the Deployment; writes only what changed (an idle system writes nothing)."""
+    try:
+        changes = refresh_status(body, _kube(memo), now=time.time())
+    except KubeTemporaryError as err:
+        log.warning("status refresh of %s/%s postponed: %s", body.metadata.namespace, body.metadata.name, err)
+        return
+    for key, value in changes.items():
+        patch.status[key] = value
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def deleted(name: str, namespace: str | None, **_: Any) -> None:
+    log.info("BatchedModel %s/%s deleted; its children go with it (ownerReferences)", namespace, name)

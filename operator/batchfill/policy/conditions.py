@@ -1,0 +1,85 @@
+"""Status conditions (metav1.Condition) as pure list transformations.
+
+``lastTransitionTime`` changes only when a condition's status flips; reason/message updates keep it. Time is
+passed in. The order of conditions is stable (existing ones keep their place, new ones are appended), so an
+unchanged input produces an identical list and the caller can skip the status write.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Condition types the operator sets.
+READY = "Ready"
+CONFIG_VALID = "ConfigValid"
+PLANNED = "Planned"
+SLA_FEASIBLE = "SLAFeasible"
+BATCHING_EFFECTIVE = "BatchingEffective"
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+
+@dataclass(frozen=True)
+class ConditionUpdate:
+    """What a condition should say now (its transition time is derived from the previous one)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+
+def rfc3339(now: float) -> str:
+    """Seconds since the epoch -> ``2026-11-29T12:00:00Z`` (metav1.Time has second precision)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(now)))
+
+
+def apply_conditions(
+    current: Sequence[Mapping[str, Any]] | None,
+    updates: Iterable[ConditionUpdate],
+    *,
+    generation: int | None,
+    now: float,
+    remove: Iterable[str] = (),
+) -> list[dict[str, Any]]:
+    """The condition list after ``updates`` (and with the types in ``remove`` dropped).
+
+    Args:
+        current: ``status.conditions`` as stored (may be None).
+        updates: the conditions to set.
+        generation: ``metadata.generation`` the conditions were computed from (``observedGeneration``).
+        now: seconds since the epoch, used for ``lastTransitionTime`` of flipped or new conditions.
+    """
+    dropped = set(remove)
+    out: list[dict[str, Any]] = [dict(c) for c in current or () if c.get("type") not in dropped]
+    index = {c.get("type"): i for i, c in enumerate(out)}
+    for u in updates:
+        i = index.get(u.type)
+        old = out[i] if i is not None else None
+        flipped = old is None or old.get("status") != u.status or "lastTransitionTime" not in old
+        new: dict[str, Any] = {
+            "type": u.type,
+            "status": u.status,
+            "reason": u.reason,
+            "message": u.message,
+            "lastTransitionTime": rfc3339(now) if flipped or old is None else old["lastTransitionTime"],
+        }
+        if generation is not None:
+            new["observedGeneration"] = generation
+        if i is None:
+            index[u.type] = len(out)
+            out.append(new)
+        else:
+            out[i] = new
+    return out
+
+
+def find(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    """The condition of ``type_``, if present."""
+    for c in conditions or ():
+        if c.get("type") == type_:
+            return c
+    return None
