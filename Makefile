@@ -11,7 +11,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # shipped in nvidia-pytriton links against, and Prometheus 2.42, the real server the metrics tests scrape with.
 DEB_PACKAGES := python3.11 python3.11-venv libpython3.11 prometheus
 
-.PHONY: setup test lint demo plan clean-venv
+.PHONY: setup tools test lint demo plan clean-venv
 .DEFAULT_GOAL := test
 
 $(STAMP): pyproject.toml Makefile
@@ -29,9 +29,16 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-# The whole test suite: unit, property, static checks (ruff, mypy, import-linter run as tests) and the
-# component tests against the real tritonserver.
-test: $(STAMP)
+# The real Kubernetes control plane (etcd, kube-apiserver, scheduler, controller-manager, kubectl, kwok) and
+# helm, built from Go modules into ~/.cache/batchfill/k8s (outside the repo; rebuilt only when missing).
+# A cold build takes about 10-15 minutes on 2 cores.
+tools:
+	scripts/build-k8s.sh
+	scripts/build-helm.sh
+
+# The whole test suite: unit, property, static checks (ruff, mypy, import-linter run as tests), the
+# component tests against the real tritonserver, and the cluster tests against the real control plane.
+test: $(STAMP) tools
 	$(BIN)/pytest
 
 demo: $(STAMP)

@@ -230,6 +230,21 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_OK
 
 
+def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """A real local control plane (etcd, kube-apiserver, scheduler, controller-manager, kwok GPU nodes)."""
+    from batchfill.adapters.devcluster import dev_cluster_main
+
+    return dev_cluster_main(
+        args.action,
+        run_dir=args.run_dir,
+        gpu_nodes=args.gpu_nodes,
+        gpus_per_node=args.gpus_per_node,
+        cpu_nodes=args.cpu_nodes,
+        build=not args.no_build,
+        console=err,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchfill",
@@ -270,6 +285,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
+
+    d = sub.add_parser(
+        "dev-cluster", help="start/stop a real local Kubernetes control plane with fake GPU nodes (127.0.0.1)"
+    )
+    d.add_argument("action", choices=("up", "down", "status", "build"))
+    d.add_argument(
+        "--run-dir", default=None, help="state directory (default: $BATCHFILL_DEV_CLUSTER_DIR or ~/.local/state/...)"
+    )
+    d.add_argument("--gpu-nodes", type=int, default=2, help="fake GPU nodes (default 2)")
+    d.add_argument("--gpus-per-node", type=int, default=4, help="nvidia.com/gpu per node (default 4)")
+    d.add_argument("--cpu-nodes", type=int, default=0, help="fake nodes without GPUs (default 0)")
+    d.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
+    d.set_defaults(func=cmd_dev_cluster)
 
     c = sub.add_parser("crd", help="print the BatchedModel CustomResourceDefinition (YAML)")
     c.set_defaults(func=cmd_crd)

@@ -1,0 +1,214 @@
+"""Helpers of the cluster tests: the ``Kube`` handle the ``kube`` fixture yields, waiting, GPU accounting."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from batchfill.adapters import devcluster
+from batchfill.adapters.devcluster import GPU_RESOURCE
+
+T = TypeVar("T")
+
+
+def in_ci() -> bool:
+    """``CI`` is set (and not to 0/false): missing prerequisites fail instead of skipping."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with ``reason`` on a developer machine; fail under CI, where nothing may skip silently."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI is set, so this fails instead of skipping)", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass
+class Kube:
+    """The cluster under test: the local dev cluster, or an existing one (``BATCHFILL_USE_EXISTING_CLUSTER=1``)."""
+
+    kubeconfig: Path
+    existing: bool
+    info: devcluster.ClusterInfo | None = None
+    _api: Any = field(default=None, repr=False)
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            self._api = devcluster.api_client(self.kubeconfig)
+        return self._api
+
+    @property
+    def core(self) -> Any:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> Any:
+        return client.AppsV1Api(self.api)
+
+    @property
+    def rbac(self) -> Any:
+        return client.RbacAuthorizationV1Api(self.api)
+
+    def kubectl(self, *args: str, check: bool = True) -> Any:
+        return devcluster.kubectl(self.info or self.kubeconfig, *args, check=check)
+
+    def close(self) -> None:
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout_s: float = 60.0, interval_s: float = 0.5) -> T:
+    """Call ``fn`` until it returns something truthy (API errors count as "not yet"); fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while True:
+        try:
+            value = fn()
+            if value:
+                return value
+            last = value
+        except ApiException as e:
+            last = f"API error {e.status}: {e.reason}"
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last value: {last!r}")
+        time.sleep(interval_s)
+
+
+def node_ready(node: Any) -> bool:
+    conds = (node.status.conditions if node.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+
+def schedulable(node: Any) -> bool:
+    if node.spec.unschedulable:
+        return False
+    return not any(t.effect in ("NoSchedule", "NoExecute") for t in (node.spec.taints or []))
+
+
+def gpus_of(node: Any) -> int:
+    return int((node.status.allocatable or {}).get(GPU_RESOURCE, "0"))
+
+
+def pod_gpus(pod: Any) -> int:
+    total = 0
+    for c in pod.spec.containers or []:
+        res = c.resources
+        limits = (res.limits if res else None) or {}
+        requests = (res.requests if res else None) or {}
+        total += int(limits.get(GPU_RESOURCE) or requests.get(GPU_RESOURCE) or 0)
+    return total
+
+
+def pod_holds_resources(pod: Any) -> bool:
+    """Bound and not finished: the scheduler still counts its requests against its node."""
+    return bool(pod.spec.node_name) and pod.status.phase not in ("Succeeded", "Failed")
+
+
+def gpu_nodes(kube: Kube) -> list[Any]:
+    """Ready, schedulable nodes that advertise ``nvidia.com/gpu``."""
+    return [n for n in kube.core.list_node().items if gpus_of(n) > 0 and node_ready(n) and schedulable(n)]
+
+
+def free_gpus(kube: Kube) -> dict[str, int]:
+    """Free ``nvidia.com/gpu`` per schedulable GPU node (allocatable minus what bound, unfinished pods hold)."""
+    free = {n.metadata.name: gpus_of(n) for n in gpu_nodes(kube)}
+    for pod in kube.core.list_pod_for_all_namespaces().items:
+        if pod_holds_resources(pod) and pod.spec.node_name in free:
+            free[pod.spec.node_name] -= pod_gpus(pod)
+    return free
+
+
+def terminating_gpu_pods(kube: Kube) -> list[str]:
+    return [
+        f"{p.metadata.namespace}/{p.metadata.name}"
+        for p in kube.core.list_pod_for_all_namespaces().items
+        if p.metadata.deletion_timestamp and pod_gpus(p) > 0 and pod_holds_resources(p)
+    ]
+
+
+def require_gpus(kube: Kube) -> dict[str, int]:
+    """Free GPUs per node, after GPUs held by terminating pods are released; skip/fail when there are none."""
+    wait_for("terminating GPU pods to go", lambda: not terminating_gpu_pods(kube) or None, 120)
+    free = {k: v for k, v in free_gpus(kube).items() if v > 0}
+    if not free:
+        skip_or_fail(
+            "no schedulable node has a free nvidia.com/gpu; on kind, fake it with "
+            "kubectl patch node NODE --subresource=status --type=merge "
+            '-p \'{"status":{"capacity":{"nvidia.com/gpu":"4"},"allocatable":{"nvidia.com/gpu":"4"}}}\''
+        )
+    return free
+
+
+@contextmanager
+def temp_namespace(kube: Kube, prefix: str = "bf-test-", delete_timeout_s: float = 120.0) -> Iterator[str]:
+    """A fresh namespace whose ``default`` ServiceAccount exists (pods need it); deleted and waited for after."""
+    ns = kube.core.create_namespace({"metadata": {"generateName": prefix, "labels": {"batchfill.io/test": "true"}}})
+    name = str(ns.metadata.name)
+    try:
+        wait_for(f"ServiceAccount {name}/default", lambda: kube.core.read_namespaced_service_account("default", name))
+        yield name
+    finally:
+        with suppress(ApiException):
+            kube.core.delete_namespace(name)
+        wait_for(f"namespace {name} to be deleted", lambda: namespace_gone(kube, name), delete_timeout_s)
+
+
+def namespace_gone(kube: Kube, name: str) -> bool:
+    try:
+        kube.core.read_namespace(name)
+    except ApiException as e:
+        if e.status == 404:
+            return True
+        raise
+    return False
+
+
+def pause_deployment(name: str, replicas: int, gpus: int = 0, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Deployment of pause containers (kwok runs none; kind's nodes already have the image)."""
+    labels = labels or {"app": name}
+    resources: dict[str, Any] = {"requests": {"cpu": "10m", "memory": "16Mi"}}
+    if gpus:
+        # Extended resources go in limits (requests default to them; integers only), as Triton pods do.
+        resources["limits"] = {GPU_RESOURCE: str(gpus)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "imagePullPolicy": "IfNotPresent",
+                            "resources": resources,
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def pods_of(kube: Kube, namespace: str, selector: str) -> list[Any]:
+    return list(kube.core.list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def pod_condition(pod: Any, type_: str) -> Any:
+    return next((c for c in (pod.status.conditions or []) if c.type == type_), None)
