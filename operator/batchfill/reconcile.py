@@ -20,6 +20,7 @@ from typing import Any
 
 from batchfill.adapters.kube import Kube
 from batchfill.api.errors import SpecError
+from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.status import PlanStatus
 from batchfill.api.validate import load_model
 from batchfill.policy import conditions as cond
@@ -51,6 +52,7 @@ class SpecRejectedError(Exception):
 class Desired:
     """Everything derived from the spec alone."""
 
+    spec: BatchedModelSpec
     plan: PlanResult
     plan_status: PlanStatus
     config: str
@@ -58,20 +60,16 @@ class Desired:
 
 
 @functools.lru_cache(maxsize=512)
-def _plan_cached(spec_json: str) -> tuple[PlanResult, str]:
+def _plan_cached(spec_json: str) -> tuple[BatchedModelSpec, PlanResult, str]:
     bm = load_model({"apiVersion": "batchfill.io/v1alpha1", "kind": "BatchedModel", "spec": json.loads(spec_json)})
     result = plan_batching(bm.spec)
-    return result, render_model_config(bm.spec, result.to_status())
+    return bm.spec, result, render_model_config(bm.spec, result.to_status())
 
 
 def desired_state(spec: Mapping[str, Any]) -> Desired:
     """Validate, plan and render. Raises SpecError (field-named problems) for a spec that cannot be served."""
-    result, config = _plan_cached(json.dumps(spec, sort_keys=True, default=str))
-    return Desired(result, result.to_status(), config, config_hash(config))
-
-
-def _spec_model(spec: Mapping[str, Any]) -> Any:
-    return load_model({"spec": dict(spec)}).spec
+    model, result, config = _plan_cached(json.dumps(spec, sort_keys=True, default=str))
+    return Desired(model, result, result.to_status(), config, config_hash(config))
 
 
 def rejection_status(err: SpecError, status: Mapping[str, Any], generation: int | None, now: float) -> dict[str, Any]:
@@ -118,7 +116,6 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     try:
         desired = desired_state(spec)
-        model = _spec_model(spec)
     except SpecError as err:
         rejected = rejection_status(err, status, generation, now)
         previous = cond.find(status.get("conditions"), cond.PLANNED)
@@ -131,12 +128,12 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
     existing = kube.get("apps/v1", "Deployment", names(owner)["deployment"], owner.namespace)
     replicas = (existing or {}).get("spec", {}).get("replicas")
     if replicas is None:
-        replicas = model.scaling.minReplicas
+        replicas = desired.spec.scaling.minReplicas
     with_monitor = kube.has_kind(*SERVICE_MONITOR)
 
     # act
     kube.apply(build_configmap(owner, desired.config, desired.config_hash))
-    deployment = kube.apply(build_deployment(owner, model, desired.config_hash, replicas))
+    deployment = kube.apply(build_deployment(owner, desired.spec, desired.config_hash, replicas))
     kube.apply(build_service(owner))
     if with_monitor:
         kube.apply(build_service_monitor(owner))

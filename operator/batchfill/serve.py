@@ -135,17 +135,17 @@ def serve(
     declared = {p.batchSize: p.latencyMs for p in spec.profile or []}
     sizes = sorted(declared) or [1, 2, 4, 8, 16]
 
-    def http_inputs(b: int) -> list[Any]:
-        data = np.random.default_rng(seed).random((b, *dims)).astype(dtype)
-        inp = httpclient.InferInput(input_name, list(data.shape), np_to_triton_dtype(dtype))
+    def inputs(protocol: Any, b: int, rng_seed: int) -> list[Any]:
+        data = np.random.default_rng(rng_seed).random((b, *dims)).astype(dtype)
+        inp = protocol.InferInput(input_name, list(data.shape), np_to_triton_dtype(dtype))
         inp.set_data_from_numpy(data)
         return [inp]
 
+    def http_inputs(b: int) -> list[Any]:
+        return inputs(httpclient, b, seed)
+
     def grpc_inputs() -> list[Any]:
-        data = np.random.default_rng(seed + 1).random((1, *dims)).astype(dtype)
-        inp = grpcclient.InferInput(input_name, list(data.shape), np_to_triton_dtype(dtype))
-        inp.set_data_from_numpy(data)
-        return [inp]
+        return inputs(grpcclient, 1, seed + 1)
 
     with tempfile.TemporaryDirectory(prefix="batchfill-serve-", dir=workdir) as tmp:
         repo = Path(tmp) / "models"
