@@ -11,7 +11,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # shipped in nvidia-pytriton links against, and Prometheus 2.42, the real server the metrics tests scrape with.
 DEB_PACKAGES := python3.11 python3.11-venv libpython3.11 prometheus
 
-.PHONY: setup tools test lint demo plan clean-venv
+.PHONY: setup tools test lint demo serve plan clean-venv
 .DEFAULT_GOAL := test
 
 $(STAMP): pyproject.toml Makefile
@@ -41,7 +41,13 @@ tools:
 test: $(STAMP) tools
 	$(BIN)/pytest
 
+# The main job: local control plane with fake GPU nodes, the operator, the example BatchedModel, one real
+# tritonserver per Ready Triton pod under Poisson load. Builds the control plane first when it is missing.
 demo: $(STAMP)
+	$(BIN)/batchfill demo
+
+# One real tritonserver without Kubernetes: measure the example model, plan, serve at 90 % of capacity.
+serve: $(STAMP)
 	$(BIN)/batchfill serve examples/ocr-recognizer.yaml
 
 plan: $(STAMP)

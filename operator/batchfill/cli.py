@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -209,6 +210,7 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
             namespaces=tuple(n for n in (args.namespaces or "").split(",") if n) or None,
             log_format=args.log_format,
             metrics_port=args.metrics_port,
+            reconcile_interval_s=args.interval,
         )
     except ValidationError as e:
         for problem in e.errors(include_url=False):
@@ -218,6 +220,8 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
         verbose=args.verbose, log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL
     )
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    # the timer interval is fixed when handlers.py is imported; it reads the environment (settings.py)
+    os.environ["BATCHFILL_RECONCILE_INTERVAL_SECONDS"] = repr(settings.reconcile_interval_s)
     import batchfill.handlers  # noqa: F401  (registers the handlers)
 
     kopf.run(
@@ -243,6 +247,24 @@ def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int
         build=not args.no_build,
         console=err,
     )
+
+
+def cmd_demo(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """The main job end to end: control plane, operator, the real example model on real tritonservers."""
+    from batchfill.demo import DemoOptions, demo_main
+
+    if not (0 < args.load <= 2) or not (0 < args.duration <= 3600):
+        _err(err, f"--load={args.load} must be in (0, 2] and --duration={args.duration} in (0, 3600] seconds")
+        return EXIT_USAGE
+    options = DemoOptions(
+        kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
+        run_dir=Path(args.run_dir) if args.run_dir else None,
+        load_fraction=args.load,
+        load_seconds=args.duration,
+        keep=args.keep,
+        seed=args.seed,
+    )
+    return demo_main(options, out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -277,11 +299,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the planner and of the load (default 0)")
     s.set_defaults(func=cmd_serve)
 
+    m = sub.add_parser(
+        "demo",
+        help="the main job: local control plane with GPU nodes, the operator, and the example model served by "
+        "real tritonservers under Poisson load",
+    )
+    m.add_argument("--kubeconfig", default=None, help="use this existing cluster (e.g. kind) instead of starting one")
+    m.add_argument("--run-dir", default=None, help="working directory (default ~/.local/state/batchfill/demo)")
+    m.add_argument("--load", type=float, default=0.7, help="offered load per pod, fraction of capacity (default 0.7)")
+    m.add_argument("--duration", type=float, default=15.0, help="seconds of Poisson load (default 15)")
+    m.add_argument("--keep", action="store_true", help="stay up after the report until Ctrl-C")
+    m.add_argument("--seed", type=int, default=0, help="seed of the load (default 0)")
+    m.set_defaults(func=cmd_demo)
+
     r = sub.add_parser("run", help="run the operator (settings: BATCHFILL_* environment, see batchfill.settings)")
     r.add_argument("--prometheus-url", default=None, help="Prometheus base URL (BATCHFILL_PROMETHEUS_URL)")
     r.add_argument("--namespaces", default=None, help="comma-separated namespaces; empty: all (BATCHFILL_NAMESPACES)")
     r.add_argument("--log-format", choices=("text", "json"), default=None, help="(BATCHFILL_LOG_FORMAT)")
     r.add_argument("--metrics-port", type=int, default=None, help="operator /metrics port (BATCHFILL_METRICS_PORT)")
+    r.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="status/scaling timer period, s (BATCHFILL_RECONCILE_INTERVAL_SECONDS)",
+    )
     r.add_argument("--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)

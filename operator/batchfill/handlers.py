@@ -25,6 +25,9 @@ from batchfill.settings import OperatorSettings
 
 log = logging.getLogger("batchfill")
 ANNOTATION_PREFIX = "batchfill.io"
+# kopf reads timer intervals when the decorators run, i.e. at import: `batchfill run` validates the settings
+# before it imports this module, so reading them here cannot fail for a running operator.
+TIMER_INTERVAL_S = OperatorSettings.from_env().reconcile_interval_s
 
 
 def _kube(memo: Any) -> Kube:
@@ -76,7 +79,7 @@ def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
         patch.status[key] = value
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=15.0, initial_delay=5.0, sharp=False)
+@kopf.timer(GROUP, VERSION, PLURAL, interval=TIMER_INTERVAL_S, initial_delay=min(5.0, TIMER_INTERVAL_S), sharp=False)
 def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Replica counts and Ready from the Deployment; writes only what changed (an idle system writes nothing)."""
     try:

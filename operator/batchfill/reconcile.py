@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batchfill.adapters.kube import Kube
+from batchfill.adapters.kube import Kube, KubeNotFoundError
 from batchfill.api.errors import SpecError
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.status import PlanStatus
@@ -136,7 +136,7 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
     deployment = kube.apply(build_deployment(owner, desired.spec, desired.config_hash, replicas))
     kube.apply(build_service(owner))
     if with_monitor:
-        kube.apply(build_service_monitor(owner))
+        _apply_service_monitor(kube, owner)
     old_hash = ((existing or {}).get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {}).get(
         "batchfill.io/config-hash"
     )
@@ -147,6 +147,13 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
 
     wanted = desired_status(body, desired, deployment, now=now)
     return changed_fields(status, wanted)
+
+
+def _apply_service_monitor(kube: Kube, owner: Owner) -> None:
+    try:
+        kube.apply(build_service_monitor(owner))
+    except KubeNotFoundError:  # the prometheus-operator CRD went away after discovery cached it
+        kube.forget_kinds()
 
 
 def desired_status(
@@ -218,5 +225,11 @@ def refresh_status(body: Mapping[str, Any], kube: Kube, *, now: float) -> dict[s
     except SpecError:
         return {}
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    # prometheus-operator installed after the BatchedModel: its ServiceMonitor appears on the next ticks
+    if (
+        kube.has_kind(*SERVICE_MONITOR)
+        and kube.get(*SERVICE_MONITOR, names(owner)["servicemonitor"], owner.namespace) is None
+    ):
+        _apply_service_monitor(kube, owner)
     deployment = kube.get("apps/v1", "Deployment", names(owner)["deployment"], owner.namespace)
     return changed_fields(status, desired_status(body, desired, deployment, now=now))

@@ -8,6 +8,7 @@ readiness are the real scheduler's and controllers' behaviour; no Triton process
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters import devcluster
 
+from .conftest import USE_EXISTING
 from .support import Kube, require_gpus, temp_namespace, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -292,3 +294,174 @@ def test_steady_state_writes_nothing_to_children(kube: Kube, operator: Any) -> N
         after = {k: v.metadata.resource_version for k, v in children(kube, ns, "steady").items()}
         assert after == before
         assert get_bm(kube, ns, "steady")["metadata"]["resourceVersion"] == bm_before
+
+
+class ConflictWebhook:
+    """A validating admission webhook that makes the real API server answer 409 Conflict to the first write of one
+    Deployment, then admits everything (CASES C18(b)).
+
+    The real API server cannot be made to return a 409 to a forced server-side apply on its own; an admission
+    webhook denying with ``code: 409`` is the API server's own way of producing one, so the operator sees exactly
+    the response a real conflict gives. Served on 127.0.0.1 with a self-signed certificate.
+    """
+
+    def __init__(self, workdir: Path, deployment: str) -> None:
+        import ssl
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.deployment = deployment
+        self.calls: list[tuple[str, str, bool]] = []  # (operation, name, allowed)
+        cert, key = workdir / "tls.crt", workdir / "tls.key"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+             "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self.ca_bundle = base64.b64encode(cert.read_bytes()).decode()
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                req = review["request"]
+                name = req.get("name") or (req.get("object") or {}).get("metadata", {}).get("name", "")
+                first = name == hook.deployment and not any(n == name for _, n, _ in hook.calls)
+                hook.calls.append((req["operation"], name, not first))
+                response: dict[str, Any] = {"uid": req["uid"], "allowed": not first}
+                if first:
+                    response["status"] = {"code": 409, "reason": "Conflict", "message": "injected conflict (test)"}
+                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                   "response": response}).encode()  # fmt: skip
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.server.server_address[1]}/validate"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.skipif(
+    USE_EXISTING, reason="the webhook listens on this machine's loopback, out of a remote API server's reach"
+)
+def test_conflict_on_first_deployment_write_is_retried_and_converges(kube: Kube, operator: Any, tmp_path: Path) -> None:
+    """C18(b): a 409 from the API server is temporary: retried with backoff, no PermanentError, children converge."""
+    with temp_namespace(kube) as ns:
+        model_volume(kube, ns)
+        hook = ConflictWebhook(tmp_path, "conflict-triton")
+        name = f"batchfill-test-conflict-{ns}"
+        config = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "conflict.test.batchfill.io",
+                    "clientConfig": {"url": hook.url, "caBundle": hook.ca_bundle},
+                    "rules": [{"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                               "resources": ["deployments"], "scope": "Namespaced"}],
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 5,
+                }
+            ],
+        }  # fmt: skip
+        admission = client.AdmissionregistrationV1Api(kube.api)
+        admission.create_validating_webhook_configuration(config)
+        try:
+            # the webhook is live once a probe Deployment write in the namespace reaches it
+            probe = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "probe"},
+                     "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "probe"}},
+                              "template": {"metadata": {"labels": {"app": "probe"}},
+                                           "spec": {"containers": [{"name": "c", "image": "pause"}]}}}}  # fmt: skip
+            deadline = time.monotonic() + 30
+            while not hook.calls and time.monotonic() < deadline:
+                with suppress(ApiException):  # AlreadyExists after the first: admission ran before that check
+                    kube.apps.create_namespaced_deployment(ns, probe)
+                time.sleep(0.5)
+            assert hook.calls, "the API server never called the webhook"
+            custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("conflict"))
+            kids = until(
+                "children despite the conflict", lambda: children(kube, ns, "conflict"), lambda c: len(c) == 3, 60
+            )
+            ours = [c for c in hook.calls if c[1] == "conflict-triton"]
+            assert ours[0][2] is False, ours  # the first write got the 409
+            assert any(allowed for _, _, allowed in ours[1:]), ours  # and a retry went through
+            annotation = "batchfill.io/config-hash"
+            assert (
+                kids["deployment"].spec.template.metadata.annotations[annotation]
+                == kids["configmap"].metadata.annotations[annotation]
+            )
+            bm = until("Planned=True", lambda: get_bm(kube, ns, "conflict"), lambda b: is_true(b, "Planned"), 60)
+            assert is_true(bm, "ConfigValid")
+            assert not [e for e in warning_events(kube, ns, "conflict") if e.reason in ("ApplyRejected",)]
+        finally:
+            admission.delete_validating_webhook_configuration(name)
+            hook.close()
+
+
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {"kind": "ServiceMonitor", "listKind": "ServiceMonitorList", "plural": "servicemonitors",
+                  "singular": "servicemonitor"},
+        "scope": "Namespaced",
+        "versions": [{"name": "v1", "served": True, "storage": True,
+                      "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+    },
+}  # fmt: skip
+
+
+@pytest.mark.skipif(USE_EXISTING, reason="installs and removes the cluster-wide ServiceMonitor CRD")
+def test_service_monitor_created_when_prometheus_operator_crd_is_served(kube: Kube, operator: Any) -> None:
+    """A ServiceMonitor child appears when prometheus-operator's CRD is served, also when installed afterwards."""
+    ext = client.ApiextensionsV1Api(kube.api)
+    with temp_namespace(kube) as ns:
+        model_volume(kube, ns)
+        custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("monitored"))
+        until("children", lambda: children(kube, ns, "monitored"), lambda c: len(c) == 3, 90)
+        ext.create_custom_resource_definition(SERVICE_MONITOR_CRD)
+        try:
+            kube.kubectl("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com")
+
+            def monitor() -> Any:
+                with suppress(ApiException):
+                    return custom(kube).get_namespaced_custom_object(
+                        "monitoring.coreos.com", "v1", ns, "servicemonitors", "monitored-triton"
+                    )
+                return None
+
+            # the operator's discovery answer is reused for 30 s; then the status timer adds the child
+            sm = wait_for("the ServiceMonitor", monitor, 90)
+            bm = get_bm(kube, ns, "monitored")
+            assert [(r["kind"], r["name"], r["uid"]) for r in sm["metadata"]["ownerReferences"]] == [
+                ("BatchedModel", "monitored", bm["metadata"]["uid"])
+            ]
+            endpoints = sm["spec"].get("endpoints") or sm["spec"].get("podMetricsEndpoints")
+            assert endpoints, sm["spec"]
+            custom(kube).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "monitored")
+            wait_for("the ServiceMonitor collected with its owner", lambda: monitor() is None or None, 90)
+        finally:
+            ext.delete_custom_resource_definition("servicemonitors.monitoring.coreos.com")

@@ -9,7 +9,8 @@ permanent (the API server rejected the object: retrying cannot help).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, config
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 #: HTTP statuses worth retrying: conflict, throttling, server-side trouble.
 TEMPORARY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+#: How long an answer of :meth:`Kube.has_kind` is reused (seconds).
+KIND_CACHE_SECONDS = 30.0
 
 
 class KubeTemporaryError(RuntimeError):
@@ -35,6 +38,10 @@ class KubeTemporaryError(RuntimeError):
 
 class KubePermanentError(RuntimeError):
     """The API server rejected the request (e.g. 422 Invalid): the same request will fail again."""
+
+
+class KubeNotFoundError(KubePermanentError):
+    """HTTP 404: the object, or its kind (a CustomResourceDefinition removed since discovery), is not served."""
 
 
 def load_config(kubeconfig: str | None = None) -> None:
@@ -53,6 +60,8 @@ def _classify(err: Exception, what: str) -> Exception:
         retry = 1.0 if status == 409 else 10.0
         return KubeTemporaryError(f"{what}: HTTP {status}: {getattr(err, 'reason', '')}", delay_s=retry)
     body = getattr(err, "body", None) or getattr(err, "summary", lambda: "")()
+    if status == 404:
+        return KubeNotFoundError(f"{what}: HTTP 404: {body}")
     return KubePermanentError(f"{what}: HTTP {status}: {body}")
 
 
@@ -61,6 +70,7 @@ class Kube:
     """The operator's view of the API: dynamic client for children, typed clients where simpler."""
 
     api: client.ApiClient
+    _kinds: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None) -> Kube:
@@ -77,14 +87,29 @@ class Kube:
         return self.dynamic.resources.get(api_version=api_version, kind=kind)
 
     def has_kind(self, api_version: str, kind: str) -> bool:
-        """Whether the API serves ``kind`` (e.g. the prometheus-operator's ServiceMonitor)."""
+        """Whether the API serves ``kind`` (e.g. the prometheus-operator's ServiceMonitor).
+
+        The answer is kept for :data:`KIND_CACHE_SECONDS`: a miss makes the discovery client re-read every API
+        group, which 100 BatchedModels reconciled at once must not do 100 times.
+        """
+        key = (api_version, kind)
+        cached = self._kinds.get(key)
+        if cached is not None and time.monotonic() - cached[1] < KIND_CACHE_SECONDS:
+            return cached[0]
         try:
             self._resource(api_version, kind)
+            served = True
         except ResourceNotFoundError:
-            return False
+            served = False
         except (DynamicApiError, ApiException, HTTPError) as e:
             raise _classify(e, f"discovery of {kind}") from None
-        return True
+        self._kinds[key] = (served, time.monotonic())
+        return served
+
+    def forget_kinds(self) -> None:
+        """Drop the cached API discovery, so a kind installed or removed since is seen as it is now."""
+        self._kinds.clear()
+        self.dynamic.resources.invalidate_cache()
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply ``obj`` as the batchfill field manager (conflicts forced: we own these fields)."""
@@ -105,10 +130,10 @@ class Kube:
         return result
 
     def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
-        """The object, or None when it does not exist."""
+        """The object, or None when it does not exist (or its kind is not served)."""
         try:
             obj = self._resource(api_version, kind).get(name=name, namespace=namespace)
-        except NotFoundError:
+        except (NotFoundError, ResourceNotFoundError):
             return None
         except (DynamicApiError, ApiException, HTTPError) as e:
             raise _classify(e, f"get {kind} {namespace}/{name}") from None

@@ -1,5 +1,11 @@
 """Pure renderers: Triton's config.pbtxt (through Triton's own protobuf schema); Kubernetes objects."""
 
-from batchfill.render.model_config import InstanceKind, build_model_config, config_hash, render_model_config
+from batchfill.render.model_config import (
+    InstanceKind,
+    build_model_config,
+    config_hash,
+    config_on_cpu,
+    render_model_config,
+)
 
-__all__ = ["InstanceKind", "build_model_config", "config_hash", "render_model_config"]
+__all__ = ["InstanceKind", "build_model_config", "config_hash", "config_on_cpu", "render_model_config"]

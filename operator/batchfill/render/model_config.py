@@ -38,7 +38,7 @@ from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import BatchedModelSpec, SequenceStrategy, TensorSpec
 from batchfill.api.status import PlanStatus
 
-__all__ = ["InstanceKind", "build_model_config", "config_hash", "render_model_config"]
+__all__ = ["InstanceKind", "build_model_config", "config_hash", "config_on_cpu", "render_model_config"]
 
 #: Instance-group kinds batchfill renders (``ModelInstanceGroup.Kind`` in ``model_config.proto``).
 InstanceKind = Literal["KIND_GPU", "KIND_CPU"]
@@ -211,6 +211,20 @@ def config_hash(text: str) -> str:
     For a pod-template annotation, so the pods roll exactly when ``config.pbtxt`` changes.
     """
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_LENGTH]
+
+
+def config_on_cpu(config_pbtxt: str) -> str:
+    """``config_pbtxt`` with every ``instance_group`` moved to ``KIND_CPU`` (its ``gpus`` list dropped).
+
+    For running a production config (``KIND_GPU``) on a machine without a GPU, where Triton refuses to load a
+    ``KIND_GPU`` instance group. Everything else, batching included, is kept as it is. Raises
+    ``google.protobuf.text_format.ParseError`` for text that is not a ``ModelConfig``.
+    """
+    cfg = text_format.Parse(config_pbtxt, model_config_pb2.ModelConfig())
+    for group in cfg.instance_group:
+        group.kind = model_config_pb2.ModelInstanceGroup.Kind.KIND_CPU
+        del group.gpus[:]
+    return _print_model_config(cfg)
 
 
 # --- helpers -------------------------------------------------------------------------------------------

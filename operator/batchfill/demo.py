@@ -1,0 +1,446 @@
+"""`batchfill demo`: the main job end to end on this machine, with real parts.
+
+1. a real control plane (etcd, kube-apiserver, scheduler, controller-manager built from Go modules) with kwok
+   nodes advertising ``nvidia.com/gpu`` (or an existing cluster named by ``--kubeconfig``, e.g. kind);
+2. the CRD and the operator's RBAC from ``deploy/base`` (server-side apply, as a user would);
+3. the operator (``batchfill run``) as its ServiceAccount, with a token: the install's RBAC, not an admin;
+4. a PersistentVolume holding the real model (PP-OCRv4 text recognizer) and ``kubectl apply`` of the example
+   BatchedModel (``deploy/examples/ocr-recognizer.yaml``, the deployable copy of ``examples/``);
+5. for every Ready Triton pod (a kwok pod: no container runs) one real tritonserver on 127.0.0.1 with the
+   model repository assembled as the pod's init container does: the model files from the volume plus the
+   ``config.pbtxt`` the operator wrote into the ConfigMap (instance group moved to ``KIND_CPU``: no GPU here);
+6. Poisson load on those servers at a fraction of the planned capacity, and Triton's own p99 against the SLA;
+7. what a user checks: ``kubectl get bm``, the rendered config, the pods on GPU nodes, the events.
+
+Everything started is stopped on exit, on Ctrl-C and on SIGTERM. With ``--keep`` the demo stays up (tritonservers
+follow the Ready pods) until interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from batchfill.adapters import devcluster
+from batchfill.adapters.loadgen import LoadResult, grpc_fp32_input, run_poisson
+from batchfill.adapters.model_repo import write_model
+from batchfill.adapters.triton_local import LocalTriton
+from batchfill.adapters.triton_stats import summary_quantile_ms
+from batchfill.render import config_on_cpu
+from batchfill.render.kube import MODEL_LABEL
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
+OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
+#: deploy/base minus the operator's own Deployment (the demo runs the operator here, as its ServiceAccount).
+INSTALL_KINDS = frozenset(
+    {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    }
+)
+EXAMPLE = ROOT / "deploy" / "examples" / "ocr-recognizer.yaml"
+EXAMPLE_MODEL = "ocr_recognizer"  # the shipped model.py the example's annotation names
+CLAIM = "triton-models"
+
+
+class DemoError(RuntimeError):
+    """A demo step failed; the message says which and where its log is."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """``batchfill demo`` flags. Seconds and fractions of the planned capacity."""
+
+    kubeconfig: Path | None = None
+    run_dir: Path | None = None
+    load_fraction: float = 0.7
+    load_seconds: float = 15.0
+    keep: bool = False
+    seed: int = 0
+    timeout_s: float = 180.0
+
+
+@dataclass
+class DemoResult:
+    """What the demo observed (for the exit code and tests)."""
+
+    model: str
+    server_budget_ms: float
+    capacity_rps: float
+    pods: dict[str, str]  # Ready pod -> node
+    loads: dict[str, LoadResult]
+    server_p99_ms: dict[str, float | None]
+
+    @property
+    def sla_kept(self) -> bool:
+        return bool(self.loads) and all(
+            r.failed == 0 and (p := self.server_p99_ms.get(pod)) is not None and p <= self.server_budget_ms
+            for pod, r in self.loads.items()
+        )
+
+
+def _until(what: str, fn: Callable[[], Any], timeout_s: float, console: Console, diag: Callable[[], str]) -> Any:
+    deadline = time.monotonic() + timeout_s
+    with console.status(what):
+        while time.monotonic() < deadline:
+            value = fn()
+            if value:
+                return value
+            time.sleep(0.5)
+    raise DemoError(f"timed out after {timeout_s:g} s {what}\n{diag()}")
+
+
+def _kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
+    return devcluster.kubectl(kubeconfig, *args, check=check, timeout_s=120).stdout
+
+
+def _apply(kubeconfig: Path, docs: list[dict[str, Any]], path: Path) -> None:
+    path.write_text(yaml.safe_dump_all(docs))
+    _kubectl(
+        kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=batchfill-demo", "-f", str(path)
+    )
+
+
+class PodTritons:
+    """One real tritonserver per Ready Triton pod, with that pod's model repository (see module docstring)."""
+
+    def __init__(self, work: Path, model: str, model_files: Path) -> None:
+        self.work, self.model, self.model_files = work, model, model_files
+        self.servers: dict[str, LocalTriton] = {}
+
+    def sync(self, ready: dict[str, str], config_pbtxt: str, console: Console) -> None:
+        """Start servers for new Ready pods, stop those of pods that went away (``ready``: pod -> node)."""
+        for pod in sorted(set(self.servers) - set(ready)):
+            self.servers.pop(pod).stop()
+            console.log(f"pod {pod} gone: its tritonserver stopped")
+        for pod in sorted(set(ready) - set(self.servers)):
+            repo = self.work / pod / "models"
+            shutil.rmtree(repo, ignore_errors=True)
+            shutil.copytree(self.model_files, repo)
+            (repo / self.model / "config.pbtxt").write_text(config_on_cpu(config_pbtxt))
+            server = LocalTriton(repo, log_path=self.work / pod / "tritonserver.log", startup_timeout_s=180)
+            with console.status(f"starting tritonserver for pod {pod} (node {ready[pod]}) ..."):
+                server.start()
+            self.servers[pod] = server
+            console.log(
+                f"pod {pod} on {ready[pod]}: tritonserver pid {server.pid}, grpc {server.grpc_url}, "
+                f"metrics {server.metrics_url}"
+            )
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+
+def _gpu_nodes(kubeconfig: Path) -> list[str]:
+    out = _kubectl(
+        kubeconfig,
+        "get",
+        "nodes",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.allocatable.nvidia\\.com/gpu}{'\\n'}{end}",
+    )
+    return [line.split()[0] for line in out.splitlines() if len(line.split()) == 2 and line.split()[1] != "0"]
+
+
+def _ready_pods(core: Any, namespace: str, selector: str) -> dict[str, str]:
+    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    return {
+        p.metadata.name: p.spec.node_name or ""
+        for p in pods
+        if p.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
+    }
+
+
+def _condition(bm: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (bm.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    def raise_interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_demo(options: DemoOptions, console: Console) -> DemoResult:
+    """Run the demo (module docstring); stops everything it started before returning or raising.
+
+    Raises:
+        DemoError: a step failed (message with the log to read).
+        devcluster.DevClusterError: the control plane could not be built or started.
+        KeyboardInterrupt: Ctrl-C or SIGTERM (after cleanup).
+    """
+    if not EXAMPLE.is_file():
+        raise DemoError(f"{EXAMPLE} is missing: run the demo from a clone of the batchfill repository")
+    with contextlib.ExitStack() as stack, _sigterm_as_interrupt():
+        base = options.run_dir or devcluster.default_run_dir().parent / "demo"
+        base.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="run-", dir=base))
+        stack.callback(shutil.rmtree, work, True)
+        t0 = time.monotonic()
+
+        if options.kubeconfig is None:
+            devcluster.ensure_binaries(console)
+            info = devcluster.cluster_up(work / "cluster", 2, 4, console=console, die_with_parent=True, build=False)
+            stack.callback(devcluster.cluster_down, work / "cluster", console=console, quiet=True)
+            kubeconfig = info.kubeconfig
+            console.log(f"control plane up in {info.startup_s:.1f} s: {info.server}, 2 kwok nodes x 4 nvidia.com/gpu")
+        else:
+            kubeconfig = options.kubeconfig
+            console.log(f"using the existing cluster of {kubeconfig}")
+            if not _gpu_nodes(kubeconfig):
+                # e.g. kind with kwok's controller deployed in it (README): kwok runs the Triton pods on these
+                nodes = devcluster.desired_nodes(2, 4)
+                devcluster.ensure_fake_nodes(kubeconfig, nodes)
+                for node in nodes:
+                    stack.callback(_kubectl, kubeconfig, "delete", "node", node["metadata"]["name"], check=False)
+                console.log("no node advertises nvidia.com/gpu: added 2 kwok-managed fake GPU nodes x 4 GPUs")
+
+        rendered = _kubectl(kubeconfig, "kustomize", str(ROOT / "deploy" / "base"))
+        install = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in INSTALL_KINDS]
+        _apply(kubeconfig, install, work / "install.yaml")
+        _kubectl(kubeconfig, "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        console.log("installed the CRD, ServiceAccount and least-privilege RBAC from deploy/base")
+
+        sa_config = devcluster.service_account_kubeconfig(kubeconfig, OPERATOR_NS, OPERATOR_SA, work / "sa.kubeconfig")
+        operator_log = work / "operator.log"
+        log_file = stack.enter_context(operator_log.open("wb"))
+        env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0")
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "batchfill.cli", "run"], stdout=log_file, stderr=subprocess.STDOUT, env=env
+        )
+
+        def stop_operator() -> None:
+            operator.terminate()
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait()
+
+        stack.callback(stop_operator)
+        console.log(
+            f"operator running as ServiceAccount {OPERATOR_NS}/{OPERATOR_SA} (pid {operator.pid}, log {operator_log})"
+        )
+
+        example = yaml.safe_load(EXAMPLE.read_text())
+        ns, name = example["metadata"]["namespace"], example["metadata"]["name"]
+        model = example["spec"]["model"]["name"]
+        model_files = work / "volume"
+        write_model(model_files, model, "# replaced by the ConfigMap's config.pbtxt\n", EXAMPLE_MODEL)
+        _apply(kubeconfig, _model_volume(ns, name, model_files), work / "volume.yaml")
+        _kubectl(kubeconfig, "apply", "--server-side", "-f", str(ROOT / "deploy" / "examples" / "namespaces.yaml"))
+        if options.kubeconfig is not None:  # an existing cluster keeps its CRD and RBAC; the demo's objects go
+            for what in (["pv", f"{CLAIM}-{ns}-{name}"], ["pvc", "-n", ns, CLAIM], ["bm", "-n", ns, name]):
+                stack.callback(_kubectl, kubeconfig, "delete", *what, "--ignore-not-found", "--wait=false", check=False)
+        _kubectl(kubeconfig, "apply", "--server-side", "-f", str(EXAMPLE))
+        console.log(f"kubectl apply --server-side -f {EXAMPLE.relative_to(ROOT)}")
+
+        from kubernetes import client
+
+        api = stack.enter_context(devcluster.api_client(kubeconfig))
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+        def operator_log_tail() -> str:
+            return f"operator log {operator_log}:\n" + "\n".join(operator_log.read_text().splitlines()[-15:])
+
+        def planned() -> dict[str, Any] | None:
+            if operator.poll() is not None:
+                raise DemoError(f"the operator exited with {operator.returncode}\n{operator_log_tail()}")
+            bm = cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
+            return bm if _condition(bm, "Planned").get("status") == "True" else None
+
+        bm = _until(
+            f"waiting for the operator to plan {ns}/{name} ...", planned, options.timeout_s, console, operator_log_tail
+        )
+        plan = bm["status"]["plan"]
+        selector = f"{MODEL_LABEL}={name}"
+        ready = _until(
+            "waiting for the Triton pods to be scheduled on GPU nodes and Ready ...",
+            lambda: _ready_pods(core, ns, selector),
+            options.timeout_s,
+            console,
+            lambda: _kubectl(kubeconfig, "get", "pods,events", "-n", ns, "-o", "wide", check=False),
+        )
+        configmap = core.read_namespaced_config_map(f"{name}-triton-config", ns)
+        config_pbtxt = str((configmap.data or {})["config.pbtxt"])
+        tritons = PodTritons(work / "pods", model, model_files)
+        stack.callback(tritons.stop)
+        tritons.sync(ready, config_pbtxt, console)
+
+        result = _load(tritons, ready, model, example, plan, options, console)
+        _report(console, kubeconfig, ns, name, config_pbtxt, result)
+        console.log(f"demo done in {time.monotonic() - t0:.0f} s")
+        if options.keep:
+            console.print(
+                f"\nthe demo stays up; in another shell:\n  export KUBECONFIG={kubeconfig} "
+                f"PATH={devcluster.bin_dir()}:$PATH\n  kubectl get bm -A\nCtrl-C stops everything."
+            )
+            while True:
+                time.sleep(2.0)
+                tritons.sync(_ready_pods(core, ns, selector), config_pbtxt, console)
+        console.log("stopping what the demo started (tritonservers, operator, control plane or demo objects) ...")
+        return result
+
+
+def _model_volume(ns: str, name: str, path: Path) -> list[dict[str, Any]]:
+    """A statically bound hostPath PersistentVolume + claim holding the model repository."""
+    pv = f"{CLAIM}-{ns}-{name}"
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(path)},
+                "claimRef": {"namespace": ns, "name": CLAIM},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": CLAIM, "namespace": ns},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]
+
+
+def _load(
+    tritons: PodTritons,
+    ready: dict[str, str],
+    model: str,
+    example: dict[str, Any],
+    plan: dict[str, Any],
+    options: DemoOptions,
+    console: Console,
+) -> DemoResult:
+    """Poisson load at ``load_fraction`` of the planned capacity on every pod's tritonserver at once."""
+    capacity = float(plan["capacityPerReplicaRps"])
+    rate = options.load_fraction * capacity
+    first = example["spec"]["model"]["inputs"][0]
+    make = grpc_fp32_input(first["name"], first["dims"], seed=options.seed)
+    servers = dict(tritons.servers)
+    what = (
+        f"Poisson load: {rate:.1f} req/s per pod ({options.load_fraction:.0%} of the planned {capacity:g} req/s) "
+        f"for {options.load_seconds:g} s on {len(servers)} pod(s) ..."
+    )
+    with console.status(what), ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        futures = {
+            pod: pool.submit(
+                run_poisson, s.grpc_url, model, make, rate, duration_s=options.load_seconds, seed=options.seed + i
+            )
+            for i, (pod, s) in enumerate(sorted(servers.items()))
+        }
+        loads = {pod: f.result() for pod, f in futures.items()}
+    p99 = {pod: summary_quantile_ms(s.metrics_text(), model, 0.99) for pod, s in servers.items()}
+    return DemoResult(
+        model=model,
+        server_budget_ms=float(plan["serverBudgetMs"]),
+        capacity_rps=capacity,
+        pods=dict(ready),
+        loads=loads,
+        server_p99_ms=p99,
+    )
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:.1f}"
+
+
+def _report(console: Console, kubeconfig: Path, ns: str, name: str, config: str, result: DemoResult) -> None:
+    console.rule("kubectl get bm -A")
+    console.print(_kubectl(kubeconfig, "get", "bm", "-A"), markup=False, highlight=False)
+    console.rule(f"kubectl get configmap {name}-triton-config -n {ns}: config.pbtxt derived from the SLA")
+    console.print(config, markup=False, highlight=False)
+    console.rule("pods on GPU nodes")
+    columns = (
+        "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,GPUS:.spec.containers[0].resources.limits."
+        "nvidia\\.com/gpu,READY:.status.conditions[?(@.type=='Ready')].status,"
+        "CONFIG:.metadata.annotations.batchfill\\.io/config-hash"
+    )
+    console.print(_kubectl(kubeconfig, "get", "pods", "-n", ns, "-o", columns), markup=False, highlight=False)
+    console.rule(f"events of {ns}/{name}")
+    events = _kubectl(
+        kubeconfig,
+        "get",
+        "events",
+        "-n",
+        ns,
+        f"--field-selector=involvedObject.name={name}",
+        "-o",
+        "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message",
+    )
+    console.print(events, markup=False, highlight=False)
+    table = Table(title="real tritonserver per Ready pod, under Poisson load")
+    for col in ("pod", "offered req/s", "achieved req/s", "sent/failed", "server p99 ms", "client p99 ms", "T ms"):
+        table.add_column(col, justify="right")
+    for pod, r in sorted(result.loads.items()):
+        table.add_row(
+            pod,
+            f"{r.rate_rps:.1f}",
+            f"{r.achieved_rate_rps:.1f}",
+            f"{r.sent}/{r.failed}",
+            _fmt(result.server_p99_ms.get(pod)),
+            _fmt(r.p99_ms),
+            f"{result.server_budget_ms:g}",
+        )
+    console.print(table)
+    verdict = "[green]SLA kept[/green]" if result.sla_kept else "[red]SLA missed[/red]"
+    worst = max((p for p in result.server_p99_ms.values() if p is not None), default=None)
+    console.print(f"{verdict}: worst server p99 {_fmt(worst)} ms against T = {result.server_budget_ms:g} ms")
+
+
+def demo_main(options: DemoOptions, console: Console) -> int:
+    """CLI entry: 0 when the SLA was kept, 1 when it was missed or a step failed, 130 on Ctrl-C."""
+    try:
+        result = run_demo(options, console)
+    except KeyboardInterrupt:
+        console.print("interrupted: everything the demo started has been stopped")
+        return 130
+    except (DemoError, devcluster.DevClusterError) as e:
+        console.print(f"[red]demo failed:[/] {e}", highlight=False)
+        return 1
+    summary = {"sla_kept": result.sla_kept, "server_p99_ms": result.server_p99_ms}
+    console.print(json.dumps(summary, sort_keys=True), markup=False, highlight=False)
+    return 0 if result.sla_kept else 1

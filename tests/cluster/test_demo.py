@@ -1,0 +1,117 @@
+"""`batchfill demo`, the README's first command, run as a user runs it: a subprocess with its own control plane.
+
+It starts its own dev cluster (not the session's), so it needs the built binaries but not the ``kube`` fixture.
+Checked: exit code, what it prints for the user (printer columns, the derived config, pods on GPU nodes, the
+real tritonserver's p99 against T), and that nothing it started survives the end of the run or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from batchfill.adapters import devcluster
+
+from .conftest import USE_EXISTING
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(
+        USE_EXISTING, reason="the demo's Triton pods are kwok pods; on an existing cluster they would run real images"
+    ),
+]
+
+
+def _demo(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    if devcluster.missing_binaries():
+        devcluster.ensure_binaries()
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchfill.cli", "demo", "--run-dir", str(run_dir), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def _survivors(run_dir: Path) -> list[str]:
+    """Processes whose command line or KUBECONFIG mentions ``run_dir`` (tritonservers, etcd, the operator...)."""
+    found = []
+    needle = str(run_dir).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline or needle in environ:
+            found.append(f"{proc.name}: {cmdline.replace(bytes(1), b' ')[:200]!r}")
+    return found
+
+
+def _wait_gone(run_dir: Path, timeout_s: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _survivors(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def test_demo_serves_the_example_within_its_sla_and_cleans_up(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    proc = _demo(run_dir, "--duration", "8")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-6000:]
+    # what a user checks
+    assert re.search(r"NAMESPACE\s+NAME\s+SLA\s+REPLICAS\s+DESIRED\s+FILL\s+QUEUE MS\s+READY", out), out
+    assert re.search(r"ocr\s+text-recognizer\s+500\s+1\s+.*True", out), out
+    for rendered in ("max_batch_size:", "dynamic_batching {", "kind: KIND_GPU"):
+        assert rendered in out, out
+    assert re.search(r"text-recognizer-triton-\S+\s+gpu-node-\d\s+1\s+True\s+[0-9a-f]{16}", out), out
+    assert "Deployed" in out, out
+    match = re.search(r"SLA kept: worst server p99 ([0-9.]+) ms against T = 450 ms", out)
+    assert match, out
+    assert 0 < float(match.group(1)) <= 450
+    # nothing left behind
+    assert _wait_gone(run_dir) == []
+    assert list(run_dir.iterdir()) == [], "the demo left its working directory behind"
+
+
+def test_demo_keep_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    proc = _demo(run_dir, "--duration", "3", "--keep")
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl-C stops everything" in line:
+            break
+    text = "".join(lines)
+    assert "the demo stays up" in text, text[-6000:]
+    kubeconfig = re.search(r"export KUBECONFIG=(\S+)", text)
+    assert kubeconfig, text
+    # the cluster is usable from outside while the demo holds it
+    listed = devcluster.kubectl(kubeconfig.group(1), "get", "bm", "-n", "ocr", "-o", "name").stdout
+    assert listed.strip() == "batchedmodel.batchfill.io/text-recognizer"
+    assert _survivors(run_dir), "nothing of the demo is running while it says it stays up"
+
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, rest[-4000:]
+    assert "everything the demo started has been stopped" in rest
+    assert _wait_gone(run_dir) == []
+    assert list(run_dir.iterdir()) == []
