@@ -227,29 +227,10 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
                     stack.callback(_kubectl, kubeconfig, "delete", "node", node["metadata"]["name"], check=False)
                 console.log("no node advertises nvidia.com/gpu: added 2 kwok-managed fake GPU nodes x 4 GPUs")
 
-        rendered = _kubectl(kubeconfig, "kustomize", str(ROOT / "deploy" / "base"))
-        install = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in INSTALL_KINDS]
-        _apply(kubeconfig, install, work / "install.yaml")
-        _kubectl(kubeconfig, "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        install_operator_rbac(kubeconfig, work)
         console.log("installed the CRD, ServiceAccount and least-privilege RBAC from deploy/base")
-
-        sa_config = devcluster.service_account_kubeconfig(kubeconfig, OPERATOR_NS, OPERATOR_SA, work / "sa.kubeconfig")
         operator_log = work / "operator.log"
-        log_file = stack.enter_context(operator_log.open("wb"))
-        env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0")
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "batchfill.cli", "run"], stdout=log_file, stderr=subprocess.STDOUT, env=env
-        )
-
-        def stop_operator() -> None:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait()
-
-        stack.callback(stop_operator)
+        operator = stack.enter_context(operator_as_service_account(kubeconfig, work, operator_log))
         console.log(
             f"operator running as ServiceAccount {OPERATOR_NS}/{OPERATOR_SA} (pid {operator.pid}, log {operator_log})"
         )
@@ -259,7 +240,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
         model = example["spec"]["model"]["name"]
         model_files = work / "volume"
         write_model(model_files, model, "# replaced by the ConfigMap's config.pbtxt\n", EXAMPLE_MODEL)
-        _apply(kubeconfig, _model_volume(ns, name, model_files), work / "volume.yaml")
+        _apply(kubeconfig, model_volume(ns, name, model_files), work / "volume.yaml")
         _kubectl(kubeconfig, "apply", "--server-side", "-f", str(ROOT / "deploy" / "examples" / "namespaces.yaml"))
         if options.kubeconfig is not None:  # an existing cluster keeps its CRD and RBAC; the demo's objects go
             for what in (["pv", f"{CLAIM}-{ns}-{name}"], ["pvc", "-n", ns, CLAIM], ["bm", "-n", ns, name]):
@@ -314,7 +295,37 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
         return result
 
 
-def _model_volume(ns: str, name: str, path: Path) -> list[dict[str, Any]]:
+def install_operator_rbac(kubeconfig: Path, work: Path) -> None:
+    """Server-side apply deploy/base without the operator's Deployment; wait for the CRD to be Established."""
+    rendered = _kubectl(kubeconfig, "kustomize", str(ROOT / "deploy" / "base"))
+    install = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in INSTALL_KINDS]
+    _apply(kubeconfig, install, work / "install.yaml")
+    _kubectl(kubeconfig, "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+
+
+@contextlib.contextmanager
+def operator_as_service_account(
+    kubeconfig: Path, work: Path, log_path: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``batchfill run`` with a token of the install's ServiceAccount (its RBAC, not the admin's); stopped on exit."""
+    sa_config = devcluster.service_account_kubeconfig(kubeconfig, OPERATOR_NS, OPERATOR_SA, work / "sa.kubeconfig")
+    full_env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0", **(env or {}))
+    with log_path.open("wb") as log_file:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "batchfill.cli", "run"], stdout=log_file, stderr=subprocess.STDOUT, env=full_env
+        )
+        try:
+            yield operator
+        finally:
+            operator.terminate()
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait()
+
+
+def model_volume(ns: str, name: str, path: Path) -> list[dict[str, Any]]:
     """A statically bound hostPath PersistentVolume + claim holding the model repository."""
     pv = f"{CLAIM}-{ns}-{name}"
     return [

@@ -1,6 +1,6 @@
 """The real example model, end to end: measured on the real server, planned, served with the derived config.
 
-This is `batchfill serve examples/ocr-recognizer.yaml` (the README's main job) with a shorter load phase:
+This is `batchfill serve examples/ocr-recognizer.yaml` (`make serve`) with a shorter load phase:
 PaddleOCR's PP-OCRv4 recognizer (trained weights from the rapidocr-onnxruntime wheel) in Triton's Python
 backend on CPU, profiled through the statistics API, planned from the SLA and that profile, reloaded with the
 rendered config.pbtxt and driven with Poisson load at 90 % of the predicted capacity.
