@@ -192,3 +192,16 @@ def test_missing_profile_is_a_field_error() -> None:
 )
 def test_replicas_for(rate: float, capacity: float, u: float, lo: int, hi: int, expected: int) -> None:
     assert replicas_for(rate, capacity, u, lo, hi) == expected
+
+
+def test_batch_fill_at_target_is_what_the_simulator_predicts_and_grows_with_the_target() -> None:
+    status = plan(SEED_DOC).to_status()
+    assert status.batchFillAtTarget == 0.225  # seed example at 85 % of 110 req/s: batches of ~1.6 of 7
+    fills = [
+        plan(with_spec(SEED_DOC, scaling={"targetUtilization": u})).to_status().batchFillAtTarget for u in (0.5, 0.95)
+    ]
+    assert fills[0] is not None
+    assert fills[1] is not None
+    assert 0 < fills[0] < status.batchFillAtTarget < fills[1] <= 1
+    off = plan(with_spec(SEED_DOC, batching={"maxBatchSize": 0})).to_status()
+    assert off.batchFillAtTarget is None

@@ -60,6 +60,13 @@ class PlanStatus(_Status):
         ge=0, description="Clients with a shorter timeout see failures the server never logs."
     )
     rule: str = Field(description="How the plan was chosen.")
+    batchFillAtTarget: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Mean batch size / maxBatchSize the simulator predicts at targetUtilization x capacity: the "
+        "batch fill at which a replica counts as saturated.",
+    )
     seedRule: SeedRule | None = None
 
 

@@ -122,6 +122,8 @@ class PlanResult:
         instance_count: Triton instance_group count (per GPU when the replica has GPUs).
         minimum_slot_utilization: for the sequence batcher's Direct strategy, else None.
         warnings: conditions to report (e.g. variable-shape inputs).
+        batch_fill_at_target: mean batch size / max_batch_size the simulator predicts at
+            ``spec.scaling.targetUtilization`` x capacity (None without batching): the fill of a saturated replica.
     """
 
     chosen: Candidate
@@ -134,6 +136,7 @@ class PlanResult:
     minimum_slot_utilization: float | None
     warnings: tuple[PlanWarning, ...]
     rule: str
+    batch_fill_at_target: float | None = None
 
     def to_status(self) -> PlanStatus:
         """The ``status.plan`` object (rounded: capacities to 4 significant digits, p99 down to 0.01 ms)."""
@@ -158,6 +161,7 @@ class PlanResult:
             minClientTimeoutMs=round(self.min_client_timeout_ms, 2),
             rule=self.rule,
             seedRule=seed,
+            batchFillAtTarget=None if self.batch_fill_at_target is None else round(self.batch_fill_at_target, 3),
         )
 
 
@@ -213,6 +217,17 @@ class _Evaluator:
         if not run.completed:
             return math.inf
         return float(np.quantile(run.latencies_ms[warm:], P99, method="higher"))
+
+    def mean_fill(self, cand: Candidate, rate_rps: float) -> float | None:
+        """Mean batch size / max_batch_size at ``rate_rps`` on the confirming draws (None without batching)."""
+        if cand.max_batch_size < 1 or rate_rps <= 0:
+            return None
+        warm = int(len(self.confirm) * WARMUP_FRACTION)
+        arrivals = (self.confirm * (1000.0 / rate_rps)).tolist()
+        run = simulate_batcher(arrivals, cand.batcher, self.table(cand.batcher.batch_cap))
+        first = int(np.searchsorted(run.dispatch_ms, arrivals[warm]))
+        sizes = run.batch_sizes[first:] if first < len(run.batch_sizes) else run.batch_sizes
+        return float(np.mean(sizes)) / cand.max_batch_size if len(sizes) else None
 
     def upper_bound_rps(self, cand: Candidate) -> float:
         """Throughput with every batch full: no Poisson load at SLA can reach it."""
@@ -357,7 +372,7 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
             raise InfeasibleSLAError(
                 [Problem("spec.sla.latencyP99Ms", f"no request rate keeps the simulated p99 within the {budget_text}")]
             )
-        return _result(spec, profile, chosen, None, (chosen,), budget, target, warnings, direct, seed)
+        return _result(spec, profile, chosen, None, (chosen,), budget, target, warnings, direct, seed, None)
 
     preferred_override = tuple(sorted(b.preferredBatchSizes)) if b.preferredBatchSizes else None
     min_b = max(preferred_override) if preferred_override else 1
@@ -457,7 +472,8 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
             ]
         )
     ordered = tuple(evaluated[k] if k != chosen.key else chosen for k in candidates)
-    return _result(spec, profile, chosen, seed_done, ordered, budget, target, warnings, direct, seed)
+    fill = evaluator.mean_fill(chosen, spec.scaling.targetUtilization * chosen.capacity_rps)
+    return _result(spec, profile, chosen, seed_done, ordered, budget, target, warnings, direct, seed, fill)
 
 
 def _result(
@@ -471,6 +487,7 @@ def _result(
     warnings: list[PlanWarning],
     direct: bool,
     seed: int,
+    fill_at_target: float | None,
 ) -> PlanResult:
     l_b = profile.latency_ms(chosen.batcher.batch_cap)
     # A request may wait out the delay or the batch in flight, then run its own batch; near capacity the queue
@@ -494,4 +511,5 @@ def _result(
         minimum_slot_utilization=1.0 if direct else None,
         warnings=tuple(warnings),
         rule=rule,
+        batch_fill_at_target=fill_at_target,
     )

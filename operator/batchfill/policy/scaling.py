@@ -1,0 +1,309 @@
+"""Replica decision of one BatchedModel: load-proportional, gated by saturation, stabilized on the way down.
+
+Pure: time is passed in and nothing is read or written. One call per tick; the caller carries
+``Decision.history`` to the next call and patches the Deployment's scale subresource only if ``Decision.apply``.
+
+Notation: load ``λ`` in samples/s (``max(request rate, inference rate)``: Triton's batcher fills
+``max_batch_size`` in samples, and the plan's capacity was simulated with one sample per request), capacity at
+SLA per replica ``C``, target utilization ``u``, server budget ``T`` (ms), queue delay ``D`` (ms).
+
+Rules, the first that applies decides:
+
+1. Replicas outside ``[min, max]`` are moved inside before any metric is read, as the HPA does
+   (AboveMaxReplicas, BelowMinReplicas).
+2. Unknown signals or no usable capacity: hold (HoldMetricsUnknown, HoldNoCapacity, HoldScaledToZero). Missing
+   data is never zero load (CASES C12). A hold votes for the current count, so after an outage a full
+   stabilization window of real data passes before any scale-in.
+3. Zero replicas measure nothing; demand seen from outside (rate or pending requests > 0) starts one replica
+   (ScaleOutFromZero), otherwise HoldIdle.
+4. Scale out only on evidence from the running replicas: *saturated* (batch fill ≥ the fill the plan's
+   simulation predicts at ``u·C``, ``status.plan.batchFillAtTarget``, else ``u``; without batching,
+   ``λ ≥ u·C`` per Ready replica) or *SLA at risk* (p99 ≥ 0.9·T, or queue time beyond ``D`` ≥ T/4). The target
+   is ``max(ceil(λ / (u·C)), ready + 1)`` (DESIGN §3), at most doubling per tick (HPA's 100 % scale-up policy),
+   at most max. Queue time ≈ D with batches of one is waiting for partners, not for a GPU (CASES C04): it
+   never counts as risk. Replicas starting or Pending are capacity on the way: no second step for the same
+   evidence (HoldCapacityOnTheWay), none at all while pods are unschedulable (HoldReplicasPending), and none
+   while the signal window still covers time before the last replica became Ready (HoldSettling).
+5. Without evidence a higher load-proportional count is not acted on (HoldNotSaturated): the replicas keep
+   the SLA, so the plan's capacity is conservative and another GPU would only lower the fill.
+6. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
+   HoldStabilizing), never while saturated or at risk; no step bound (HPA's default 100 % scale-down policy),
+   so 3 → 1 happens at the first tick after the window (CASES C11).
+
+Recommendations within 10 % of the current count keep it (HPA tolerance). Sources: Kubernetes HPA algorithm
+(kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#algorithm-details, stabilization window,
+scaling policies); KEDA's fallback on missing metrics (kedacore/keda#3065); DESIGN §3 and §4.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from batchfill.api.spec import ScalingMode, ScalingSpec
+from batchfill.api.status import PlanStatus
+from batchfill.policy.signals import ModelSignals, SignalState
+
+#: Relative band around the current count in which the load-proportional recommendation keeps it (HPA: 0.1).
+TOLERANCE = 0.1
+#: p99 at or above this fraction of T puts the SLA at risk.
+P99_RISK_FRACTION = 0.9
+#: Mean queue time beyond the batching delay at or above this fraction of T puts the SLA at risk. The plan keeps
+#: 2·l(B) ≤ T (Nexus), so waiting for the batch in flight averages ≤ l(B)/2 ≤ T/4: beyond it a backlog builds.
+QUEUE_RISK_FRACTION = 0.25
+#: Low concurrency (CASES C04): batches average fewer samples than this while queue time ≥ 90 % of D.
+LOW_CONCURRENCY_BATCH = 1.5
+LOW_CONCURRENCY_DELAY_FRACTION = 0.9
+#: Upper cap of the unbounded recommendation, so absurd inputs give a finite int.
+MAX_RECOMMENDATION = 1_000_000
+
+
+class Recommendation(NamedTuple):
+    """One tick's vote: at ``time`` (s) the load needed ``replicas`` while ``ready`` replicas were Ready."""
+
+    time: float
+    replicas: int
+    ready: int
+
+
+@dataclass(frozen=True)
+class PlanNumbers:
+    """The plan's numbers the decision needs (``status.plan``).
+
+    Attributes:
+        capacity_rps: C, capacity at SLA per replica, samples/s. ≤ 0 or non-finite: no proportional target.
+        max_batch_size: Triton max_batch_size (0 or 1: no batching, fill is not evidence).
+        max_queue_delay_us: D, Triton max_queue_delay_microseconds.
+        server_budget_ms: T = latencyP99Ms - networkOverheadMs.
+        batch_fill_at_target: the fill the simulator predicts at u·C (``status.plan.batchFillAtTarget``): a
+            replica whose measured fill reaches it carries its target load. None: ``u`` is used instead.
+    """
+
+    capacity_rps: float
+    max_batch_size: int
+    max_queue_delay_us: int
+    server_budget_ms: float
+    batch_fill_at_target: float | None = None
+
+    @classmethod
+    def from_status(cls, plan: PlanStatus) -> PlanNumbers:
+        return cls(
+            plan.capacityPerReplicaRps,
+            plan.maxBatchSize,
+            plan.maxQueueDelayMicroseconds,
+            plan.serverBudgetMs,
+            plan.batchFillAtTarget,
+        )
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """The Deployment now. ``current`` is spec.replicas; ``starting`` are scheduled but not Ready; ``pending``
+    cannot be scheduled (``pending_reason``: the scheduler's message, e.g. ``Insufficient nvidia.com/gpu``).
+    Capacity on the way is ``current - ready``; ``starting`` only goes into messages."""
+
+    current: int
+    ready: int
+    starting: int = 0
+    pending: int = 0
+    pending_reason: str = ""
+
+
+@dataclass(frozen=True)
+class ScalingInput:
+    """Everything one decision reads. ``now`` in seconds (any epoch, the same as in ``history``)."""
+
+    now: float
+    signals: ModelSignals
+    plan: PlanNumbers
+    scaling: ScalingSpec
+    replicas: Replicas
+    history: tuple[Recommendation, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do and why.
+
+    Attributes:
+        desired_replicas: the count to set (Off: the current count).
+        current_replicas: spec.replicas the decision started from.
+        recommendation: ``ceil(λ / (u·C))`` before tolerance, bounds and stabilization; None if not measurable.
+        reason: CamelCase, API-stable; goes to ``status.lastScaleReason`` and the Event.
+        message: the numbers behind the reason.
+        history: votes within the stabilization (and signal) window, this tick's last; pass to the next call.
+        apply: patch the scale subresource (mode Auto and a different count).
+        metrics_available, saturated, sla_at_risk, low_concurrency: what the signals showed.
+        capacity_limited: the load wants more than can run (maxReplicas reached, or pods unschedulable).
+        pending_replicas, pending_reason: unschedulable replicas and the scheduler's reason, for a condition.
+    """
+
+    desired_replicas: int
+    current_replicas: int
+    recommendation: int | None
+    reason: str
+    message: str
+    history: tuple[Recommendation, ...]
+    apply: bool = False
+    metrics_available: bool = False
+    saturated: bool = False
+    sla_at_risk: bool = False
+    low_concurrency: bool = False
+    capacity_limited: bool = False
+    pending_replicas: int = 0
+    pending_reason: str = ""
+
+    @property
+    def changes_replicas(self) -> bool:
+        return self.desired_replicas != self.current_replicas
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.3g}{unit}"
+
+
+def decide(inp: ScalingInput) -> Decision:
+    """The replica decision for one tick (see the module docstring for the rules and their sources)."""
+    sig, plan, spec, rep, now = inp.signals, inp.plan, inp.scaling, inp.replicas, inp.now
+    hi = max(spec.maxReplicas, 0)
+    lo = min(max(spec.minReplicas, 0), hi)  # an invalid min > max: the GPU budget wins
+    current, ready, pending = max(rep.current, 0), max(rep.ready, 0), max(rep.pending, 0)
+    window_s = float(spec.scaleDownStabilizationSeconds)
+    u, cap = spec.targetUtilization, plan.capacity_rps
+    budget = plan.server_budget_ms if math.isfinite(plan.server_budget_ms) and plan.server_budget_ms > 0 else None
+    delay_ms = max(plan.max_queue_delay_us, 0) / 1000.0
+
+    horizon = max(window_s, sig.window_s)
+    history = tuple(h for h in inp.history if now - horizon < h.time <= now)
+    if not history:  # operator restart or a gap: no scale-in before a full window has been observed
+        history = (Recommendation(now, current, ready),)
+
+    rates = (sig.request_rate_rps, sig.inference_rate_rps)
+    load: float | None = (
+        0.0 if sig.state == SignalState.IDLE else max((r for r in rates if r is not None), default=None)
+    )
+    metrics_ok = sig.state != SignalState.UNKNOWN and load is not None
+    per_replica = u * cap  # samples/s one replica is meant to carry; subnormal capacities underflow to 0
+    cap_ok = math.isfinite(per_replica) and per_replica > 0 and 0 < u <= 1
+
+    recommendation = rec = None
+    needed = 0.0
+    if metrics_ok and cap_ok and load is not None:
+        needed = min(load / per_replica, float(MAX_RECOMMENDATION))
+        recommendation = rec = math.ceil(needed - 1e-9)
+        if current > 0 and abs(needed / current - 1) <= TOLERANCE:
+            rec = current
+
+    fill, queue, p99 = sig.batch_fill, sig.queue_time_ms, sig.p99_ms
+    batching = plan.max_batch_size > 1 and fill is not None
+    fill_target = plan.batch_fill_at_target
+    if fill_target is None or not (math.isfinite(fill_target) and 0 < fill_target <= 1):
+        fill_target = u
+    saturated = metrics_ok and (
+        fill is not None and fill >= fill_target
+        if batching
+        else load is not None and cap_ok and load >= per_replica * max(ready, 1)
+    )
+    p99_risk = budget is not None and p99 is not None and p99 >= P99_RISK_FRACTION * budget
+    queue_risk = budget is not None and queue is not None and queue - delay_ms >= QUEUE_RISK_FRACTION * budget
+    sla_at_risk = metrics_ok and (p99_risk or queue_risk)
+    low_concurrency = (
+        metrics_ok
+        and plan.max_batch_size > 1
+        and delay_ms > 0
+        and sig.avg_batch_size is not None
+        and sig.avg_batch_size < LOW_CONCURRENCY_BATCH
+        and queue is not None
+        and queue >= LOW_CONCURRENCY_DELAY_FRACTION * delay_ms
+    )
+    facts = (
+        f"load {_fmt(load, ' rps')} on {ready} Ready of {current} replicas at {_fmt(cap if cap_ok else None, ' rps')}"
+        f" each (target {u:.0%}: needs {needed:.2f}); fill {_fmt(fill)}, avg batch {_fmt(sig.avg_batch_size)},"
+        f" queue {_fmt(queue, ' ms')} (delay {delay_ms:.3g} ms), p99 {_fmt(p99, ' ms')} vs T {_fmt(budget, ' ms')}"
+    )
+    in_stab = [h.replicas for h in history if h.time > now - window_s]
+    pending_note = f"; {pending} Pending: {rep.pending_reason or 'unschedulable'}" if pending else ""
+
+    def out(desired: int, reason: str, message: str, vote: int | None = None, limited: bool = False) -> Decision:
+        vote = desired if vote is None else max(lo, min(hi, vote))
+        return Decision(
+            desired_replicas=desired,
+            current_replicas=current,
+            recommendation=recommendation,
+            reason=reason,
+            message=f"{message}{pending_note}",
+            history=(*history, Recommendation(now, vote, ready)),
+            apply=spec.mode == ScalingMode.AUTO and desired != current,
+            metrics_available=metrics_ok,
+            saturated=saturated,
+            sla_at_risk=sla_at_risk,
+            low_concurrency=low_concurrency,
+            capacity_limited=limited or pending > 0,
+            pending_replicas=pending,
+            pending_reason=rep.pending_reason if pending else "",
+        )
+
+    def auto() -> Decision:
+        if current > hi:
+            return out(hi, "AboveMaxReplicas", f"{current} replicas above maxReplicas {hi}")
+        if current < lo:
+            return out(lo, "BelowMinReplicas", f"{current} replicas below minReplicas {lo}")
+        if not metrics_ok:
+            why = f"signals {sig.state} ({sig.reason or 'no rate'}): {sig.message}".rstrip(": ")
+            if current == 0:
+                return out(0, "HoldScaledToZero", f"0 replicas, nothing to measure; {why}")
+            return out(
+                current, "HoldMetricsUnknown", f"holding {current} replicas, never scaling on missing data; {why}"
+            )
+        if rec is None:
+            return out(current, "HoldNoCapacity", f"holding {current}: the plan has no capacity at SLA; {facts}")
+        if current == 0:
+            if hi > 0 and ((load or 0) > 0 or (sig.pending_requests or 0) > 0):
+                return out(1, "ScaleOutFromZero", f"demand at 0 replicas, starting 1; {facts}", vote=max(rec, 1))
+            return out(0, "HoldIdle", f"idle at 0 replicas; {facts}")
+
+        wants_out = saturated or (sla_at_risk and not low_concurrency)
+        if wants_out:
+            target = max(rec, min(ready, current) + 1)
+            why = "saturated" if saturated else "SLA at risk"
+            if pending:
+                return out(current, "HoldReplicasPending", f"{why} but replicas cannot be scheduled; {facts}", target)
+            if target <= current:
+                return out(
+                    current,
+                    "HoldCapacityOnTheWay",
+                    f"{why}, {current - ready} not Ready yet ({rep.starting} starting); {facts}",
+                    target,
+                )
+            if rec <= current and any(h.ready < ready for h in history if h.time >= now - sig.window_s):
+                msg = f"{why}, but a replica became Ready within the {sig.window_s:.0f} s signal window; {facts}"
+                return out(current, "HoldSettling", msg, target)
+            if current >= hi:
+                return out(current, "AtMaxReplicas", f"{why} at maxReplicas {hi}; {facts}", target, limited=True)
+            desired = min(target, hi, 2 * current)
+            reason = "ScaleOutSaturated" if saturated else "ScaleOutSLAAtRisk"
+            return out(desired, reason, f"{why}: {current} -> {desired}; {facts}", target, limited=target > hi)
+        if sla_at_risk:
+            msg = f"SLA at risk with batches of ~1 and queue time ≈ the {delay_ms:.3g} ms delay: low concurrency, "
+            return out(current, "HoldLowConcurrency", f"{msg}more GPUs would not help; {facts}", max(rec, current))
+        if rec > current:
+            msg = f"load would need {rec} but the running replicas are not saturated and keep the SLA; {facts}"
+            return out(current, "HoldNotSaturated", msg, rec)
+
+        vote = max(lo, min(hi, rec))
+        stabilized = max([vote, *in_stab])
+        idle = sig.state == SignalState.IDLE
+        if stabilized < current:
+            reason = "ScaleInIdle" if idle else "ScaleInLoadFits"
+            return out(stabilized, reason, f"load fits: {current} -> {stabilized}; {facts}", vote)
+        if vote < current:
+            msg = f"load fits on {vote}, but the last {window_s:.0f} s recommended up to {stabilized}; {facts}"
+            return out(current, "HoldStabilizing", msg, vote)
+        return out(current, "HoldIdle" if idle else "HoldWithinTolerance", f"{current} replicas fit the load; {facts}")
+
+    decision = auto()
+    if spec.mode == ScalingMode.OFF:
+        msg = f"scaling.mode Off: keeping {current} (would be {decision.desired_replicas}, {decision.reason})"
+        return replace(decision, desired_replicas=current, reason="ScalingOff", message=msg)
+    return decision

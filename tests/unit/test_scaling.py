@@ -1,0 +1,401 @@
+"""The scaling decision (policy.scaling): exact tables, tick sequences for the field cases, and properties.
+
+Reference plan: capacity at SLA C = 50 rps per replica, max_batch_size 8, queue delay 100 µs, T = 90 ms.
+With targetUtilization 0.8 one replica is meant to carry u·C = 40 rps, so ``needed = rate / 40``.
+Risk thresholds: p99 ≥ 81 ms (0.9·T) or queue time beyond the delay ≥ 22.5 ms (T/4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchfill.api.spec import ScalingMode, ScalingSpec
+from batchfill.api.status import PlanStatus
+from batchfill.policy.scaling import (
+    Decision,
+    PlanNumbers,
+    Recommendation,
+    Replicas,
+    ScalingInput,
+    decide,
+)
+from batchfill.policy.signals import ModelSignals, SignalState
+
+NOW = 10_000.0
+PLAN = PlanNumbers(capacity_rps=50.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0)
+PENDING_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+
+
+def ok(rate: float, fill: float = 0.5, queue: float = 2.0, p99: float | None = 40.0, **kw: Any) -> ModelSignals:
+    """Traffic at ``rate`` rps, one sample per request, average batch = fill · 8."""
+    return ModelSignals(
+        state=SignalState.OK,
+        pods=kw.pop("pods", 2),
+        request_rate_rps=rate,
+        inference_rate_rps=kw.pop("inference", rate),
+        avg_batch_size=kw.pop("batch", fill * 8),
+        batch_fill=fill,
+        queue_time_ms=queue,
+        p99_ms=p99,
+        **kw,
+    )
+
+
+IDLE = ModelSignals(state=SignalState.IDLE, pods=3, request_rate_rps=0.0, inference_rate_rps=0.0, queue_time_ms=0.0)
+UNKNOWN = ModelSignals.unknown("PrometheusUnavailable", "connection refused")
+
+
+def run(
+    signals: ModelSignals,
+    current: int,
+    ready: int | None = None,
+    *,
+    starting: int = 0,
+    pending: int = 0,
+    history: tuple[Recommendation, ...] | None = None,
+    now: float = NOW,
+    plan: PlanNumbers = PLAN,
+    **scaling: Any,
+) -> Decision:
+    """One decision; by default the previous tick (15 s ago, same Ready count) voted for 0 (nothing held back)."""
+    spec = ScalingSpec(**{"minReplicas": 1, "maxReplicas": 8, "targetUtilization": 0.8, **scaling})
+    ready = current if ready is None else ready
+    if history is None:
+        history = (Recommendation(now - 15, 0, ready),)
+    reps = Replicas(current, ready, starting, pending, PENDING_GPU if pending else "")
+    return decide(ScalingInput(now, signals, plan, spec, reps, history))
+
+
+def votes(*pairs: tuple[float, int]) -> tuple[Recommendation, ...]:
+    """History entries (seconds before NOW, replicas); ready as voted."""
+    return tuple(Recommendation(NOW - ago, n, n) for ago, n in pairs)
+
+
+QUIET = None  # run()'s default history: nothing holds a scale-in back
+
+
+@pytest.mark.parametrize(
+    ("signals", "current", "ready", "history", "desired", "reason", "recommendation"),
+    [
+        # saturated: 100 rps needs 2.5 -> 3; the running 2 are full
+        pytest.param(ok(100, fill=0.9), 2, 2, QUIET, 3, "ScaleOutSaturated", 3, id="ramp-saturated"),
+        # saturated although the plan says 60 rps fits on 2: the measured fill wins, one more
+        pytest.param(ok(60, fill=0.85), 2, 2, QUIET, 3, "ScaleOutSaturated", 2, id="saturated-plan-optimistic"),
+        # 240 rps needs 6, but one tick at most doubles: 2 -> 4
+        pytest.param(ok(240, fill=0.95), 2, 2, QUIET, 4, "ScaleOutSaturated", 6, id="step-bound-doubling"),
+        # high rate by the plan, but low fill, short queue, p99 fine: the running replicas keep up
+        pytest.param(ok(200, fill=0.3), 2, 2, QUIET, 2, "HoldNotSaturated", 5, id="high-rate-low-fill"),
+        # SLA at risk at a moderate rate (p99 85 ≥ 81): one more replica
+        pytest.param(ok(60, fill=0.5, p99=85), 2, 2, QUIET, 3, "ScaleOutSLAAtRisk", 2, id="p99-at-risk"),
+        # no p99 summary, but requests wait 25 ms beyond the 0.1 ms delay (≥ 22.5)
+        pytest.param(ok(60, queue=25.0, p99=None), 2, 2, QUIET, 3, "ScaleOutSLAAtRisk", 2, id="queue-at-risk"),
+        # 40 rps fits on 1, but 3 was recommended 200 s ago (window 300 s)
+        pytest.param(ok(40), 3, 3, votes((200, 3)), 3, "HoldStabilizing", 1, id="scale-in-waits"),
+        # the 3 was recommended exactly 300 s ago: out of the window, scale in
+        pytest.param(ok(40), 3, 3, votes((300, 3), (100, 1)), 1, "ScaleInLoadFits", 1, id="scale-in-after-window"),
+        # the window's largest vote (2) limits the scale-in
+        pytest.param(ok(40), 4, 4, votes((250, 2), (100, 1)), 2, "ScaleInLoadFits", 1, id="scale-in-to-window-max"),
+        # a fresh start (no history, or a gap longer than the window) never scales in on its first tick
+        pytest.param(ok(40), 3, 3, (), 3, "HoldStabilizing", 1, id="restart-no-history"),
+        pytest.param(IDLE, 3, 3, votes((290, 3)), 3, "HoldStabilizing", 0, id="idle-stabilizing"),
+        pytest.param(IDLE, 3, 3, votes((300, 3), (15, 1)), 1, "ScaleInIdle", 0, id="idle-scale-in"),
+        pytest.param(IDLE, 1, 1, QUIET, 1, "HoldIdle", 0, id="idle-at-min"),
+        pytest.param(UNKNOWN, 4, 4, votes((100, 1)), 4, "HoldMetricsUnknown", None, id="unknown-holds"),
+        # a scale-out is in flight (1 of 3 starting): the same saturation adds nothing
+        pytest.param(ok(100, fill=0.9), 3, 2, QUIET, 3, "HoldCapacityOnTheWay", 3, id="in-flight-same-load"),
+        # ... but a load beyond what is on the way (200 rps -> 5) still scales, bounded by doubling
+        pytest.param(ok(200, fill=0.9), 3, 2, QUIET, 5, "ScaleOutSaturated", 5, id="in-flight-more-load"),
+        # 37 rps per replica on 10: needs 9.25, within 10 % of 10 -> keep
+        pytest.param(ok(370), 10, 10, QUIET, 10, "HoldWithinTolerance", 10, id="tolerance-holds"),
+        # 350 -> 8.75, 12.5 % below 10 -> 9
+        pytest.param(ok(350), 10, 10, QUIET, 9, "ScaleInLoadFits", 9, id="tolerance-exceeded"),
+    ],
+)
+def test_decision_table(
+    signals: ModelSignals,
+    current: int,
+    ready: int,
+    history: tuple[Recommendation, ...],
+    desired: int,
+    reason: str,
+    recommendation: int | None,
+) -> None:
+    d = run(signals, current, ready, history=history, maxReplicas=16)
+    assert (d.desired_replicas, d.reason, d.recommendation) == (desired, reason, recommendation)
+    assert d.apply == (desired != current)
+    assert d.metrics_available == (signals.state != SignalState.UNKNOWN)
+    assert d.history[-1] == Recommendation(NOW, d.history[-1].replicas, ready)
+    assert all(NOW - 300 < h.time <= NOW for h in d.history)
+    assert "nan" not in d.message.lower()
+
+
+def test_flags_and_message_carry_the_numbers() -> None:
+    d = run(ok(100, fill=0.9, queue=3.0, p99=60.0), 2)
+    assert (d.saturated, d.sla_at_risk, d.low_concurrency, d.capacity_limited) == (True, False, False, False)
+    assert d.message == (
+        "saturated: 2 -> 3; load 100 rps on 2 Ready of 2 replicas at 50 rps each (target 80%: needs 2.50); "
+        "fill 0.9, avg batch 7.2, queue 3 ms (delay 0.1 ms), p99 60 ms vs T 90 ms"
+    )
+
+
+def test_c04_low_concurrency_is_not_overload() -> None:
+    """One sequential client at 10 rps, max_batch_size 32, delay 50 ms: queue 50 ms ≈ delay, batches of 1."""
+    c04 = PlanNumbers(capacity_rps=200.0, max_batch_size=32, max_queue_delay_us=50_000, server_budget_ms=90.0)
+    signals = ok(10, fill=1 / 32, batch=1.0, queue=50.0, p99=55.0)
+    d = run(signals, 1, plan=c04)
+    assert (d.desired_replicas, d.reason, d.low_concurrency, d.sla_at_risk) == (1, "HoldWithinTolerance", True, False)
+    # more replicas than the load needs fall to minReplicas; never up
+    assert run(signals, 3, plan=c04).desired_replicas == 1
+    # even a p99 near T (85 ≥ 81) is waiting for partners, not for a GPU: hold, do not scale out
+    d = run(ok(10, fill=1 / 32, batch=1.0, queue=50.0, p99=85.0), 2, plan=c04)
+    assert (d.desired_replicas, d.reason, d.sla_at_risk, d.low_concurrency) == (2, "HoldLowConcurrency", True, True)
+
+
+def test_samples_count_not_requests() -> None:
+    """Requests of 4 samples (CASES C09): the batcher fills samples, so 50 req/s are 200 samples/s -> 5."""
+    d = run(ok(50, inference=200, fill=0.9), 2)
+    assert (d.recommendation, d.desired_replicas) == (5, 4)
+
+
+def test_without_batching_load_per_replica_is_the_saturation_evidence() -> None:
+    plan = PlanNumbers(capacity_rps=50.0, max_batch_size=0, max_queue_delay_us=0, server_budget_ms=90.0)
+    none = ModelSignals(state=SignalState.OK, pods=2, request_rate_rps=90.0, queue_time_ms=1.0, p99_ms=30.0)
+    assert run(none, 2, plan=plan).reason == "ScaleOutSaturated"  # 45 rps/replica ≥ 40
+    assert run(replace_rate(none, 70.0), 2, plan=plan).reason == "HoldWithinTolerance"  # needs 1.75
+
+
+def replace_rate(s: ModelSignals, rate: float) -> ModelSignals:
+    return ModelSignals(
+        state=s.state, pods=s.pods, request_rate_rps=rate, queue_time_ms=s.queue_time_ms, p99_ms=s.p99_ms
+    )
+
+
+def test_pending_for_gpu_is_reported_and_blocks_scale_out() -> None:
+    d = run(ok(200, fill=0.95), 3, 2, pending=1)
+    assert (d.desired_replicas, d.reason, d.capacity_limited) == (3, "HoldReplicasPending", True)
+    assert (d.pending_replicas, d.pending_reason) == (1, PENDING_GPU)
+    assert d.message.endswith("; 1 Pending: " + PENDING_GPU)
+    # the pending pod is removed again when the load fits on fewer
+    d = run(ok(30), 3, 2, pending=1)
+    assert (d.desired_replicas, d.reason) == (1, "ScaleInLoadFits")
+
+
+@pytest.mark.parametrize(
+    ("signals", "current", "kw", "desired", "reason", "limited"),
+    [
+        pytest.param(UNKNOWN, 10, {}, 8, "AboveMaxReplicas", False, id="above-max-even-unknown"),
+        pytest.param(UNKNOWN, 0, {}, 1, "BelowMinReplicas", False, id="below-min-even-unknown"),
+        pytest.param(ok(20), 1, {"minReplicas": 2}, 2, "BelowMinReplicas", False, id="below-min"),
+        pytest.param(ok(400, fill=0.95), 8, {}, 8, "AtMaxReplicas", True, id="saturated-at-max"),
+        pytest.param(ok(400, fill=0.95), 6, {}, 8, "ScaleOutSaturated", True, id="capped-at-max"),
+        pytest.param(UNKNOWN, 0, {"minReplicas": 0}, 0, "HoldScaledToZero", False, id="zero-unknown"),
+        pytest.param(ok(5.0), 0, {"minReplicas": 0}, 1, "ScaleOutFromZero", False, id="zero-with-demand"),
+        pytest.param(IDLE, 0, {"minReplicas": 0}, 0, "HoldIdle", False, id="zero-idle"),
+        pytest.param(ok(50), 2, {"maxReplicas": 1, "minReplicas": 3}, 1, "AboveMaxReplicas", False, id="min-gt-max"),
+    ],
+)
+def test_bounds(
+    signals: ModelSignals, current: int, kw: dict[str, Any], desired: int, reason: str, limited: bool
+) -> None:
+    d = run(signals, current, **kw)
+    assert (d.desired_replicas, d.reason, d.capacity_limited) == (desired, reason, limited)
+
+
+def test_no_capacity_holds() -> None:
+    plan = PlanNumbers(capacity_rps=0.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0)
+    d = run(ok(100, fill=0.9), 2, plan=plan)
+    assert (d.desired_replicas, d.reason, d.recommendation) == (2, "HoldNoCapacity", None)
+
+
+def test_modes() -> None:
+    auto = run(ok(100, fill=0.9), 2)
+    advise = run(ok(100, fill=0.9), 2, mode=ScalingMode.ADVISE)
+    off = run(ok(100, fill=0.9), 2, mode=ScalingMode.OFF)
+    assert (auto.desired_replicas, auto.reason, auto.apply) == (3, "ScaleOutSaturated", True)
+    assert (advise.desired_replicas, advise.reason, advise.apply) == (3, "ScaleOutSaturated", False)
+    assert advise.history == auto.history
+    assert (off.desired_replicas, off.reason, off.apply) == (2, "ScalingOff", False)
+    assert off.message == "scaling.mode Off: keeping 2 (would be 3, ScaleOutSaturated)"
+    # Off never touches replicas, not even outside the bounds
+    assert run(UNKNOWN, 0, mode=ScalingMode.OFF).desired_replicas == 0
+
+
+def ticks(
+    series: list[tuple[float, ModelSignals, int]], current: int, pending: int = 0, **scaling: Any
+) -> list[Decision]:
+    """Apply decisions every 15 s; phases of (seconds, signals, Ready count or -1 for all). Replicas beyond the
+    Ready ones are Pending unschedulable when ``pending`` is set, else starting."""
+    out: list[Decision] = []
+    history: tuple[Recommendation, ...] = votes((0, current))
+    t = 0.0
+    for duration, signals, ready_or_all in series:
+        end = t + duration
+        while t < end:
+            ready = current if ready_or_all < 0 else ready_or_all
+            waiting = current - ready
+            d = run(
+                signals,
+                current,
+                ready,
+                starting=0 if pending else waiting,
+                pending=waiting if pending else 0,
+                history=history,
+                now=NOW + t,
+                **scaling,
+            )
+            out.append(d)
+            current, history = d.desired_replicas, d.history
+            t += 15
+    return out
+
+
+def test_c11_idle_scales_in_after_the_window_exactly() -> None:
+    """3 replicas, traffic stops at t = 0 (last busy tick), idle for 10 min: 3 -> 1 at t = 300 s, not before."""
+    ds = ticks([(600, IDLE, -1)], 3)
+    first = next(i for i, d in enumerate(ds) if d.desired_replicas == 1)
+    assert first * 15 == 300
+    assert {d.reason for d in ds[:first]} == {"HoldStabilizing"}
+    assert ds[first].reason == "ScaleInIdle"
+    assert {d.reason for d in ds[first + 1 :]} == {"HoldIdle"}
+    assert ticks([(600, IDLE, -1)], 3, minReplicas=0)[first].desired_replicas == 0
+
+
+def test_c12_outage_holds_then_resumes_without_a_burst() -> None:
+    """4 replicas at peak; Prometheus down 10 min; load back lower: no scale-in until a full window of data."""
+    ds = ticks([(600, UNKNOWN, -1), (600, ok(40), -1)], 4)
+    outage, after = ds[:40], ds[40:]
+    assert {(d.desired_replicas, d.reason, d.apply) for d in outage} == {(4, "HoldMetricsUnknown", False)}
+    assert not any(d.metrics_available for d in outage)
+    first = next(i for i, d in enumerate(after) if d.changes_replicas)
+    assert 600 + first * 15 == 585 + 300  # a full window after the last tick without data
+    assert (after[first].desired_replicas, after[first].reason) == (1, "ScaleInLoadFits")
+    # C11 vs C12: same replicas and history, idle scales in, unknown holds
+    h = votes((300, 4), (15, 1))
+    assert run(IDLE, 4, history=h).desired_replicas == 1
+    assert run(UNKNOWN, 4, history=h).desired_replicas == 4
+
+
+def test_slow_model_load_does_not_chain_scale_ups() -> None:
+    """The new replica needs 3 min to load; the 60 s signal window then still shows the old saturation."""
+    hot, cooled = ok(100, fill=0.9), ok(100, fill=0.6)
+    ds = ticks([(15, hot, 2), (165, hot, 2), (60, hot, 3), (120, cooled, 3)], 2)
+    assert [d.desired_replicas for d in ds] == [3] * len(ds)
+    reasons = [d.reason for d in ds]
+    assert reasons[0] == "ScaleOutSaturated"
+    assert set(reasons[1:12]) == {"HoldCapacityOnTheWay"}
+    assert set(reasons[12:16]) == {"HoldSettling"}
+    assert set(reasons[16:]) == {"HoldWithinTolerance"}  # 100 rps needs 2.5 -> 3
+
+
+def test_pending_gpu_does_not_chain_scale_ups() -> None:
+    """No free GPU: the third replica stays Pending for 10 min while the two Ready ones stay saturated."""
+    ds = ticks([(600, ok(100, fill=0.95), 2)], 2, pending=1)
+    assert (ds[0].desired_replicas, ds[0].reason) == (3, "ScaleOutSaturated")
+    assert {(d.desired_replicas, d.reason, d.capacity_limited, d.pending_replicas) for d in ds[1:]} == {
+        (3, "HoldReplicasPending", True, 1)
+    }
+    # more load does not add pods that cannot be scheduled either
+    assert run(ok(300, fill=0.95), 3, 2, pending=1).reason == "HoldReplicasPending"
+
+
+def test_oscillating_load_does_not_flap() -> None:
+    """75 rps (needs 1.9 -> 2) and 90 rps (2.25 -> 3) alternate on 3 replicas: the window keeps 3."""
+    ds = ticks([(15, ok(75), -1), (15, ok(90), -1)] * 30, 3)
+    assert {d.desired_replicas for d in ds} == {3}
+
+
+# --- properties -------------------------------------------------------------------------------------------------
+
+finite = st.floats(0, 1e12, allow_nan=False, allow_infinity=False)
+maybe = st.none() | finite
+weird = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -1.0, 1e-300, 1e300])
+
+
+@st.composite
+def inputs(draw: st.DrawFn) -> ScalingInput:
+    state = draw(st.sampled_from(SignalState))
+    signals = (
+        ModelSignals.unknown("NoSeries", "")
+        if state == SignalState.UNKNOWN
+        else ModelSignals(
+            state=state,
+            pods=draw(st.integers(0, 50)),
+            request_rate_rps=0.0 if state == SignalState.IDLE else draw(maybe),
+            inference_rate_rps=draw(maybe),
+            avg_batch_size=draw(maybe),
+            batch_fill=draw(st.none() | st.floats(0, 1)),
+            queue_time_ms=draw(maybe),
+            p99_ms=draw(maybe),
+            pending_requests=draw(maybe),
+        )
+    )
+    plan = PlanNumbers(draw(weird), draw(st.integers(0, 64)), draw(st.integers(0, 10**7)), draw(weird))
+    lo = draw(st.integers(0, 20))
+    spec = ScalingSpec(
+        minReplicas=lo,
+        maxReplicas=draw(st.integers(max(lo, 1), 40)),
+        targetUtilization=draw(st.floats(0.01, 1)),
+        scaleDownStabilizationSeconds=draw(st.integers(0, 900)),
+        mode=draw(st.sampled_from(ScalingMode)),
+    )
+    current = draw(st.integers(0, 50))
+    replicas = Replicas(current, draw(st.integers(0, current)), pending=draw(st.integers(0, 3)))
+    now = draw(st.floats(0, 1e6))
+    history = tuple(
+        Recommendation(now - draw(st.floats(-10, 1000)), draw(st.integers(0, 50)), draw(st.integers(0, 50)))
+        for _ in range(draw(st.integers(0, 6)))
+    )
+    return ScalingInput(now, signals, plan, spec, replicas, history)
+
+
+@settings(max_examples=400, deadline=None)
+@given(inputs())
+def test_property_bounds_unknown_determinism(inp: ScalingInput) -> None:
+    d = decide(inp)
+    s, current = inp.scaling, inp.replicas.current
+    if s.mode == ScalingMode.OFF:
+        assert (d.desired_replicas, d.apply) == (current, False)
+    else:
+        assert s.minReplicas <= d.desired_replicas <= s.maxReplicas
+    if s.minReplicas <= current <= s.maxReplicas:
+        assert d.desired_replicas <= max(2 * current, 1)  # step bound
+        if inp.signals.state == SignalState.UNKNOWN:
+            assert d.desired_replicas == current
+    assert d.apply == (s.mode == ScalingMode.AUTO and d.desired_replicas != current)
+    assert decide(inp) == d
+    assert d.history[-1].time == inp.now
+    assert all(inp.now - max(s.scaleDownStabilizationSeconds, 60) < h.time <= inp.now for h in d.history)
+    assert "nan" not in d.message.lower()
+    assert "inf " not in d.message.lower()
+    assert d.recommendation is None or 0 <= d.recommendation <= 1_000_000
+
+
+def test_plan_numbers_from_status() -> None:
+    status = PlanStatus(
+        maxBatchSize=8,
+        maxQueueDelayMicroseconds=100,
+        instanceCount=1,
+        serverBudgetMs=90.0,
+        capacityPerReplicaRps=50.0,
+        predictedP99Ms=88.0,
+        minClientTimeoutMs=110.0,
+        rule="work-conserving",
+    )
+    assert PlanNumbers.from_status(status) == PLAN
+
+
+def test_saturation_is_the_fill_the_plan_predicts_at_target_not_the_target_utilization() -> None:
+    """With work-conserving batching a replica at u·C runs batches well below max_batch_size (the seed example
+    predicts 0.225 at 85 %), so fill ≥ u would never fire; the plan's predicted fill is the threshold."""
+    plan = PlanNumbers(capacity_rps=50.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0,
+                       batch_fill_at_target=0.3)  # fmt: skip
+    below = run(ok(50.0, fill=0.25), 1, plan=plan)
+    assert (below.saturated, below.desired_replicas, below.reason) == (False, 1, "HoldNotSaturated")
+    at = run(ok(50.0, fill=0.3), 1, plan=plan)
+    assert (at.saturated, at.desired_replicas, at.reason) == (True, 2, "ScaleOutSaturated")
+    # the same fill without the plan's number falls back to u = 0.8: not saturated
+    assert run(ok(50.0, fill=0.3), 1).saturated is False
