@@ -18,9 +18,12 @@ from typing import Any
 
 import kopf
 
+from batchfill.adapters import operator_metrics
 from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
+from batchfill.adapters.metrics import PrometheusSignals
+from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.spec import GROUP, PLURAL, VERSION
-from batchfill.reconcile import SpecRejectedError, reconcile, refresh_status
+from batchfill.reconcile import SpecRejectedError, reconcile, scale_tick
 from batchfill.settings import OperatorSettings
 
 log = logging.getLogger("batchfill")
@@ -50,6 +53,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.max_workers = ours.max_workers
     settings.networking.request_timeout = ours.request_timeout_s
     memo.kube = Kube.from_config()
+    # shared by reference with every per-object memo (kopf copies the operator memo shallowly per object)
+    memo.signal_hub = SignalHub(
+        PrometheusSignals(ours.prometheus_url, window_s=ours.signal_window_s, timeout_s=ours.prometheus_timeout_s),
+        max_age_s=ours.reconcile_interval_s / 2,
+    )
+    operator_metrics.serve(ours.metrics_port)
 
 
 def _emitter(body: Any) -> Any:
@@ -64,6 +73,11 @@ def _emitter(body: Any) -> Any:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int, **_: Any) -> None:
     kube = _kube(memo)
+    with operator_metrics.RECONCILE.labels("reconcile").time():
+        _reconcile(body, patch, kube, retry)
+
+
+def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int) -> None:
     try:
         changes = reconcile(body, kube, now=time.time(), emit=_emitter(body))
     except SpecRejectedError as rejected:
@@ -80,17 +94,45 @@ def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=TIMER_INTERVAL_S, initial_delay=min(5.0, TIMER_INTERVAL_S), sharp=False)
-def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Replica counts and Ready from the Deployment; writes only what changed (an idle system writes nothing)."""
+def scale(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """Status refresh and one scaling decision (reconcile.scale_tick); writes only what changed.
+
+    The per-object ``memo`` keeps the decision history between ticks (lost on restart: the policy then holds
+    scale-in for a full stabilization window). Kubernetes trouble postpones the tick; Prometheus trouble is a
+    signal state (hold), never an error here, so the timer never piles up errors in the handler progress.
+    """
+    started, now = time.monotonic(), time.time()
+    history = getattr(memo, "scaling_history", ())
     try:
-        changes = refresh_status(body, _kube(memo), now=time.time())
-    except KubeTemporaryError as err:
-        log.warning("status refresh of %s/%s postponed: %s", body.metadata.namespace, body.metadata.name, err)
+        tick = scale_tick(body, _kube(memo), memo.signal_hub.signals, history, now=now, emit=_emitter(body))
+    except (KubeTemporaryError, KubePermanentError) as err:
+        log.warning("scaling tick of %s/%s postponed: %s", body.metadata.namespace, body.metadata.name, err)
         return
-    for key, value in changes.items():
+    finally:
+        operator_metrics.RECONCILE.labels("scale").observe(time.monotonic() - started)
+    for key, value in tick.status.items():
         patch.status[key] = value
+    if tick.decision is not None and tick.signals is not None and tick.desired is not None:
+        memo.scaling_history = tick.decision.history
+        last = getattr(memo, "last_tick", None)
+        memo.last_tick = now
+        plan = tick.desired.plan_status
+        operator_metrics.observe_tick(
+            str(body.metadata.namespace),
+            str(body.metadata.name),
+            decision=tick.decision,
+            signals=tick.signals,
+            replicas=tick.replicas,
+            ready=tick.ready,
+            capacity_rps=plan.capacityPerReplicaRps,
+            server_budget_ms=plan.serverBudgetMs,
+            gpus_per_replica=tick.desired.spec.triton.gpusPerReplica,
+            elapsed_s=0.0 if last is None else max(0.0, now - last),
+        )
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def deleted(name: str, namespace: str | None, **_: Any) -> None:
+def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    memo.signal_hub.forget(namespace or "", name)
+    operator_metrics.forget(namespace or "", name)
     log.info("BatchedModel %s/%s deleted; its children go with it (ownerReferences)", namespace, name)

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from batchfill.adapters.kube import Kube, KubeNotFoundError
+from batchfill.adapters.metrics import SignalTarget
 from batchfill.api.errors import SpecError
-from batchfill.api.spec import BatchedModelSpec
+from batchfill.api.spec import BatchedModelSpec, ScalingMode
 from batchfill.api.status import PlanStatus
 from batchfill.api.validate import load_model
 from batchfill.policy import conditions as cond
 from batchfill.policy.plan import PlanResult, plan_batching
+from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Replicas, ScalingInput, decide
+from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render import config_hash, render_model_config
 from batchfill.render.kube import (
     Owner,
@@ -33,6 +36,7 @@ from batchfill.render.kube import (
     build_service,
     build_service_monitor,
     names,
+    selector_labels,
 )
 
 #: emit(type, reason, message): posts a Kubernetes Event on the BatchedModel.
@@ -157,7 +161,12 @@ def _apply_service_monitor(kube: Kube, owner: Owner) -> None:
 
 
 def desired_status(
-    body: Mapping[str, Any], desired: Desired, deployment: Mapping[str, Any] | None, *, now: float
+    body: Mapping[str, Any],
+    desired: Desired,
+    deployment: Mapping[str, Any] | None,
+    *,
+    now: float,
+    extra: Sequence[cond.ConditionUpdate] = (),
 ) -> dict[str, Any]:
     """The status a reconciled BatchedModel should have."""
     meta = body["metadata"]
@@ -189,6 +198,7 @@ def desired_status(
             f"{ready}/{total} Triton replicas ready",
         ),
     ]
+    updates += extra
     warnings = [w for w in desired.plan.warnings if w.condition == cond.BATCHING_EFFECTIVE]
     if warnings:
         updates.append(
@@ -210,20 +220,106 @@ def desired_status(
     }
 
 
-def refresh_status(body: Mapping[str, Any], kube: Kube, *, now: float) -> dict[str, Any]:
-    """Periodic status refresh (replica counts, Ready) without touching the children.
+# -- scaling -----------------------------------------------------------------------------------------------------
 
-    Only for a BatchedModel whose current generation was planned; returns the fields to patch (often none).
+#: Decision reasons that are posted as Warning events (the rest are Normal).
+WARNING_REASONS = frozenset({"HoldMetricsUnknown", "HoldReplicasPending", "AtMaxReplicas", "HoldNoCapacity"})
+_OBSERVED_DIGITS = 3  # significant digits of status.observed: finer noise would rewrite status every tick
+
+
+@dataclass(frozen=True)
+class PodCounts:
+    """The BatchedModel's pods now: names of the Ready ones, others starting, and unschedulable ones."""
+
+    ready: frozenset[str]
+    starting: int
+    pending: int
+    pending_reason: str
+
+
+def pod_counts(pods: Sequence[Mapping[str, Any]]) -> PodCounts:
+    """Classify pods (terminating ones do not count): Ready; Pending with PodScheduled=False (the scheduler's
+    message, e.g. ``0/2 nodes are available: 2 Insufficient nvidia.com/gpu``); everything else is starting."""
+    ready: set[str] = set()
+    starting = pending = 0
+    reason = ""
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        conds = {c.get("type"): c for c in status.get("conditions") or []}
+        if (conds.get("Ready") or {}).get("status") == "True":
+            ready.add(meta.get("name", ""))
+        elif (conds.get("PodScheduled") or {}).get("status") == "False":
+            pending += 1
+            reason = reason or str(conds["PodScheduled"].get("message") or conds["PodScheduled"].get("reason") or "")
+        else:
+            starting += 1
+    return PodCounts(frozenset(ready), starting, pending, reason)
+
+
+def _significant(x: float | None) -> float | None:
+    if x is None:
+        return None
+    return float(f"{x:.{_OBSERVED_DIGITS}g}")
+
+
+def observed_status(signals: ModelSignals) -> dict[str, float]:
+    """``status.observed`` (rounded; empty when the signals are unknown: unknown is not zero)."""
+    if signals.state == SignalState.UNKNOWN:
+        return {}
+    values = {
+        "requestRate": _significant(signals.request_rate_rps),
+        "avgBatchSize": _significant(signals.avg_batch_size),
+        "batchFill": _significant(signals.batch_fill),
+        "queueTimeMs": _significant(signals.queue_time_ms),
+        "p99Ms": _significant(signals.p99_ms),
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ScaleTick:
+    """Outcome of one scaling tick: the status fields to patch, and what the operator's metrics record."""
+
+    status: dict[str, Any]
+    decision: Decision | None = None
+    signals: ModelSignals | None = None
+    replicas: int = 0
+    ready: int = 0
+    desired: Desired | None = None
+
+
+def scale_tick(
+    body: Mapping[str, Any],
+    kube: Kube,
+    read_signals: Callable[[SignalTarget], ModelSignals],
+    history: tuple[Recommendation, ...],
+    *,
+    now: float,
+    emit: Emit,
+) -> ScaleTick:
+    """Status refresh and one scaling decision for a planned BatchedModel (gather -> decide -> act).
+
+    * gather: the Deployment, the pods (Ready / starting / Pending with the scheduler's reason) and the signals
+      of the Ready pods (``read_signals``: Prometheus through the shared SignalHub);
+    * decide: :func:`batchfill.policy.scaling.decide` (pure);
+    * act: ``scaling.mode`` Auto scales through the Deployment's scale subresource; Advise only writes
+      ``status.desiredReplicas``; Off never touches replicas. In Auto the operator owns the replica count: a
+      manual edit of the Deployment is restored on the next tick (with an Event); use Off to scale by hand.
+
+    Events go out when the decision's reason or the replica count changes, not every tick. Returns only the
+    status fields that differ from the stored ones.
     """
     meta = body["metadata"]
     status: Mapping[str, Any] = body.get("status") or {}
     planned = cond.find(status.get("conditions"), cond.PLANNED)
     if not planned or planned.get("status") != cond.TRUE or status.get("observedGeneration") != meta.get("generation"):
-        return {}
+        return ScaleTick({})
     try:
         desired = desired_state(body.get("spec") or {})
     except SpecError:
-        return {}
+        return ScaleTick({})
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     # prometheus-operator installed after the BatchedModel: its ServiceMonitor appears on the next ticks
     if (
@@ -231,5 +327,83 @@ def refresh_status(body: Mapping[str, Any], kube: Kube, *, now: float) -> dict[s
         and kube.get(*SERVICE_MONITOR, names(owner)["servicemonitor"], owner.namespace) is None
     ):
         _apply_service_monitor(kube, owner)
-    deployment = kube.get("apps/v1", "Deployment", names(owner)["deployment"], owner.namespace)
-    return changed_fields(status, desired_status(body, desired, deployment, now=now))
+    dep_name = names(owner)["deployment"]
+    deployment = kube.get("apps/v1", "Deployment", dep_name, owner.namespace)
+    if deployment is None:  # the create/update handler makes it; nothing to scale yet
+        return ScaleTick(changed_fields(status, desired_status(body, desired, None, now=now)), desired=desired)
+    pods = pod_counts(kube.list_pods(owner.namespace, selector_labels(owner)))
+    spec, plan = desired.spec, desired.plan_status
+    target = SignalTarget(owner.namespace, owner.name, spec.model.name, plan.maxBatchSize, pods.ready)
+    signals = read_signals(target)
+
+    current = int((deployment.get("spec") or {}).get("replicas") or 0)
+    restored = None
+    owned = status.get("desiredReplicas")
+    if spec.scaling.mode == ScalingMode.AUTO and isinstance(owned, int) and owned != current:
+        restored, current = current, owned
+    replicas = Replicas(
+        current=current,
+        ready=len(pods.ready),
+        starting=pods.starting,
+        pending=pods.pending,
+        pending_reason=pods.pending_reason,
+    )
+    decision = decide(ScalingInput(now, signals, PlanNumbers.from_status(plan), spec.scaling, replicas, history))
+    target_replicas = decision.desired_replicas if decision.apply else current
+    if restored is not None or decision.apply:
+        kube.scale_deployment(dep_name, owner.namespace, target_replicas)
+    if restored is not None:
+        emit("Normal", "ManualScaleReverted", f"Deployment replicas {restored} were set outside batchfill; "
+             f"scaling.mode Auto owns them: set {target_replicas} (use scaling.mode Off to scale by hand)")  # fmt: skip
+    if decision.apply:
+        emit("Normal", decision.reason, f"{current} -> {decision.desired_replicas}: {decision.message}")
+    elif decision.reason != status.get("lastScaleReason"):
+        kind = "Warning" if decision.reason in WARNING_REASONS else "Normal"
+        emit(kind, decision.reason, decision.message)
+
+    wanted = desired_status(body, desired, deployment, now=now, extra=_scaling_conditions(decision, signals))
+    wanted["desiredReplicas"] = decision.desired_replicas
+    wanted["lastScaleReason"] = decision.reason
+    if decision.apply or restored is not None:
+        wanted["lastScaleTime"] = cond.rfc3339(now)
+    wanted["observed"] = observed_status(signals)
+    return ScaleTick(
+        changed_fields(status, wanted),
+        decision=decision,
+        signals=signals,
+        replicas=target_replicas,
+        ready=len(pods.ready),
+        desired=desired,
+    )
+
+
+def _scaling_conditions(decision: Decision, signals: ModelSignals) -> list[cond.ConditionUpdate]:
+    if decision.metrics_available:
+        ok = signals.state == SignalState.IDLE
+        metrics = cond.ConditionUpdate(
+            cond.METRICS_AVAILABLE,
+            cond.TRUE,
+            "Idle" if ok else "SignalsOk",
+            f"{signals.pods} Ready pod(s) reporting" + (", no traffic" if ok else ""),
+        )
+    else:
+        metrics = cond.ConditionUpdate(
+            cond.METRICS_AVAILABLE,
+            cond.FALSE,
+            signals.reason or "NoData",
+            f"{signals.message or 'no usable signals'}; replicas are held",
+        )
+    if decision.pending_replicas:
+        limited = cond.ConditionUpdate(
+            cond.CAPACITY_LIMITED,
+            cond.TRUE,
+            "ReplicasPending",
+            f"{decision.pending_replicas} replica(s) cannot be scheduled: {decision.pending_reason}",
+        )
+    elif decision.capacity_limited:
+        limited = cond.ConditionUpdate(
+            cond.CAPACITY_LIMITED, cond.TRUE, "AtMaxReplicas", "the load needs more than maxReplicas"
+        )
+    else:
+        limited = cond.ConditionUpdate(cond.CAPACITY_LIMITED, cond.FALSE, "WithinCapacity", "")
+    return [metrics, limited]

@@ -7,6 +7,8 @@
 | BATCHFILL_LOG_FORMAT | text | text or json |
 | BATCHFILL_METRICS_PORT | 8080 | the operator's own /metrics (0: off) |
 | BATCHFILL_RECONCILE_INTERVAL_SECONDS | 15 | status/scaling timer period |
+| BATCHFILL_SIGNAL_WINDOW_SECONDS | 60 | rate window of the Prometheus signals (>= 4 scrape intervals) |
+| BATCHFILL_PROMETHEUS_TIMEOUT_SECONDS | 5 | per-query timeout; a timeout holds replicas (signals unknown) |
 | BATCHFILL_MAX_WORKERS | 8 | threads for synchronous handlers |
 | BATCHFILL_REQUEST_TIMEOUT_SECONDS | 30 | Kubernetes API request timeout |
 """
@@ -29,6 +31,8 @@ class OperatorSettings(BaseModel):
     log_format: str = Field(default="text", pattern="^(text|json)$")
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     reconcile_interval_s: float = Field(default=15.0, gt=0, le=3600)
+    signal_window_s: float = Field(default=60.0, ge=1, le=86_400)
+    prometheus_timeout_s: float = Field(default=5.0, gt=0, le=300)
     max_workers: int = Field(default=8, ge=1, le=256)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
 
@@ -43,6 +47,8 @@ class OperatorSettings(BaseModel):
             "log_format": "LOG_FORMAT",
             "metrics_port": "METRICS_PORT",
             "reconcile_interval_s": "RECONCILE_INTERVAL_SECONDS",
+            "signal_window_s": "SIGNAL_WINDOW_SECONDS",
+            "prometheus_timeout_s": "PROMETHEUS_TIMEOUT_SECONDS",
             "max_workers": "MAX_WORKERS",
             "request_timeout_s": "REQUEST_TIMEOUT_SECONDS",
         }

@@ -18,6 +18,8 @@ CONFIG_VALID = "ConfigValid"
 PLANNED = "Planned"
 SLA_FEASIBLE = "SLAFeasible"
 BATCHING_EFFECTIVE = "BatchingEffective"
+METRICS_AVAILABLE = "MetricsAvailable"
+CAPACITY_LIMITED = "CapacityLimited"
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 

@@ -1,0 +1,99 @@
+"""The operator's own Prometheus metrics (prometheus-client), served on ``/metrics`` of ``BATCHFILL_METRICS_PORT``.
+
+Per BatchedModel (labels ``namespace``, ``name``): desired and actual replicas, observed batch fill, queue time
+and p99, p99 headroom against the server budget T, scaling decisions by reason, and GPU-hours (replicas x GPUs per
+replica integrated over time) so cost sits next to latency. Reconcile durations by handler. A private registry, so
+importing this module twice (tests) registers nothing globally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from batchfill.policy.scaling import Decision
+from batchfill.policy.signals import ModelSignals
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+_REASONS: dict[tuple[str, str], set[str]] = {}  # decision reasons seen per model, to remove their series
+_LABELS = ("namespace", "name")
+
+DESIRED = Gauge("batchfill_desired_replicas", "Replicas the scaling decision wants.", _LABELS, registry=REGISTRY)
+REPLICAS = Gauge("batchfill_replicas", "Triton replicas of the Deployment (spec).", _LABELS, registry=REGISTRY)
+READY = Gauge("batchfill_ready_replicas", "Ready Triton replicas.", _LABELS, registry=REGISTRY)
+FILL = Gauge("batchfill_batch_fill", "Observed average batch size / max_batch_size.", _LABELS, registry=REGISTRY)
+QUEUE = Gauge("batchfill_queue_time_seconds", "Observed queue time per request.", _LABELS, registry=REGISTRY)
+P99 = Gauge("batchfill_p99_seconds", "Observed server-side p99 (largest over pods).", _LABELS, registry=REGISTRY)
+HEADROOM = Gauge(
+    "batchfill_p99_headroom_seconds", "Server budget T minus the observed p99 (negative: SLA missed).", _LABELS,
+    registry=REGISTRY,
+)  # fmt: skip
+REQUEST_RATE = Gauge("batchfill_request_rate", "Observed requests per second.", _LABELS, registry=REGISTRY)
+CAPACITY = Gauge("batchfill_capacity_per_replica", "Plan's capacity at SLA, req/s.", _LABELS, registry=REGISTRY)
+SLA = Gauge("batchfill_server_budget_seconds", "Server budget T = latencyP99Ms - networkOverheadMs.", _LABELS,
+            registry=REGISTRY)  # fmt: skip
+METRICS_AVAILABLE = Gauge("batchfill_metrics_available", "1 when the last signals were usable.", _LABELS,
+                          registry=REGISTRY)  # fmt: skip
+DECISIONS = Counter("batchfill_scaling_decisions", "Scaling decisions by reason.", (*_LABELS, "reason"),
+                    registry=REGISTRY)  # fmt: skip
+GPU_HOURS = Counter("batchfill_gpu_hours", "Replicas x GPUs per replica, integrated over time (hours).", _LABELS,
+                    registry=REGISTRY)  # fmt: skip
+RECONCILE = Histogram(
+    "batchfill_reconcile_duration_seconds", "Handler durations.", ("handler",), registry=REGISTRY,
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)  # fmt: skip
+
+
+def serve(port: int) -> None:
+    """Serve ``/metrics`` on ``port`` (0: off)."""
+    if port:
+        start_http_server(port, registry=REGISTRY)
+
+
+def observe_tick(
+    namespace: str,
+    name: str,
+    *,
+    decision: Decision,
+    signals: ModelSignals,
+    replicas: int,
+    ready: int,
+    capacity_rps: float,
+    server_budget_ms: float,
+    gpus_per_replica: int,
+    elapsed_s: float,
+) -> None:
+    """Record one scaling tick; ``elapsed_s`` since the previous tick of this model (0 on the first)."""
+    labels = (namespace, name)
+    DESIRED.labels(*labels).set(decision.desired_replicas)
+    REPLICAS.labels(*labels).set(replicas)
+    READY.labels(*labels).set(ready)
+    CAPACITY.labels(*labels).set(capacity_rps)
+    SLA.labels(*labels).set(server_budget_ms / 1000.0)
+    METRICS_AVAILABLE.labels(*labels).set(1 if decision.metrics_available else 0)
+    DECISIONS.labels(*labels, decision.reason).inc()
+    _REASONS.setdefault(labels, set()).add(decision.reason)
+    if elapsed_s > 0:
+        GPU_HOURS.labels(*labels).inc(replicas * gpus_per_replica * elapsed_s / 3600.0)
+    for gauge, value, scale in (
+        (FILL, signals.batch_fill, 1.0),
+        (QUEUE, signals.queue_time_ms, 1e-3),
+        (P99, signals.p99_ms, 1e-3),
+        (REQUEST_RATE, signals.request_rate_rps, 1.0),
+    ):
+        if value is not None:  # unknown stays at its last value rather than a fake 0
+            gauge.labels(*labels).set(value * scale)
+    if signals.p99_ms is not None:
+        HEADROOM.labels(*labels).set((server_budget_ms - signals.p99_ms) / 1000.0)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop the series of a deleted BatchedModel."""
+    for metric in (DESIRED, REPLICAS, READY, FILL, QUEUE, P99, HEADROOM, REQUEST_RATE, CAPACITY, SLA,
+                   METRICS_AVAILABLE, GPU_HOURS):  # fmt: skip
+        with contextlib.suppress(KeyError):
+            metric.remove(namespace, name)
+    for reason in _REASONS.pop((namespace, name), set()):
+        with contextlib.suppress(KeyError):
+            DECISIONS.remove(namespace, name, reason)

@@ -1,0 +1,65 @@
+"""One set of Prometheus queries per tick for every BatchedModel, shared by the per-object kopf timers.
+
+kopf runs one timer per BatchedModel; they fire at about the same time. The first timer of a tick runs the six
+queries for every model the hub knows (DESIGN §4: one query per signal for all models, not one per model); the
+others within ``max_age_s`` reuse those answers and only aggregate their own Ready pods (pure). A model the last
+queries did not cover (new, or its namespace/model name changed) triggers a fresh query set.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from batchfill.adapters.metrics import PrometheusSignals, QueryFailure, QueryResults, SignalTarget, aggregate
+from batchfill.policy.signals import ModelSignals
+
+
+class SignalHub:
+    """Thread-safe cache of the last query set (kopf runs sync timers in a thread pool).
+
+    Args:
+        source: the Prometheus reader (its ``window_s`` is the signal window).
+        max_age_s: how long one query set serves later timers, seconds (half the timer interval is right).
+        clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(
+        self, source: PrometheusSignals, max_age_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.source = source
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._targets: dict[tuple[str, str], SignalTarget] = {}
+        self._results: QueryResults | QueryFailure | None = None
+        self._covered: frozenset[tuple[str, str]] = frozenset()
+        self._at = -float("inf")
+        self.query_sets = 0  # how many times Prometheus was asked (for the operator's own metrics and tests)
+
+    @property
+    def window_s(self) -> float:
+        return self.source.window_s
+
+    def signals(self, target: SignalTarget) -> ModelSignals:
+        """The signals of ``target`` (its Ready pods as given now); never raises for Prometheus trouble."""
+        if not target.ready_pods:
+            return aggregate([target], QueryResults(), self.window_s)[target.key]
+        with self._lock:
+            self._targets[target.key] = target
+            now = self._clock()
+            covered = (target.namespace, target.model) in self._covered
+            if self._results is None or now - self._at >= self.max_age_s or not covered:
+                live = [t for t in self._targets.values() if t.ready_pods]
+                self._results = self.source.query_all(live)
+                self._covered = frozenset((t.namespace, t.model) for t in live)
+                self._at = now
+                self.query_sets += 1
+            results = self._results
+        return aggregate([target], results, self.window_s)[target.key]
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Stop querying for a deleted BatchedModel."""
+        with self._lock:
+            self._targets.pop((namespace, name), None)

@@ -1,0 +1,100 @@
+"""Pure parts of the scaling tick: pod classification, status.observed, and the shared signal cache."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
+from batchfill.adapters.signal_hub import SignalHub
+from batchfill.policy.signals import ModelSignals, SignalState
+from batchfill.reconcile import observed_status, pod_counts
+
+
+def pod(name: str, *, ready: bool = False, scheduled: bool | None = True, message: str = "", deleting: bool = False
+        ) -> dict[str, Any]:  # fmt: skip
+    conditions = []
+    if scheduled is not None:
+        conditions.append({"type": "PodScheduled", "status": "True" if scheduled else "False",
+                           "reason": "" if scheduled else "Unschedulable", "message": message})  # fmt: skip
+    conditions.append({"type": "Ready", "status": "True" if ready else "False"})
+    meta: dict[str, Any] = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-29T12:00:00Z"
+    return {"metadata": meta, "status": {"conditions": conditions}}
+
+
+def test_pod_counts_ready_starting_pending_and_terminating() -> None:
+    gpu = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    counts = pod_counts(
+        [
+            pod("a", ready=True),
+            pod("b", ready=True, deleting=True),  # terminating: neither capacity nor on the way
+            pod("c"),  # scheduled, model loading
+            pod("d", scheduled=False, message=gpu),
+            pod("e", scheduled=None),  # just created, not looked at by the scheduler yet
+        ]
+    )
+    assert counts.ready == frozenset({"a"})
+    assert (counts.starting, counts.pending, counts.pending_reason) == (2, 1, gpu)
+
+
+def test_observed_status_is_rounded_and_empty_when_unknown() -> None:
+    ok = ModelSignals(state=SignalState.OK, pods=2, request_rate_rps=123.456, inference_rate_rps=123.456,
+                      avg_batch_size=3.14159, batch_fill=0.392699, queue_time_ms=1.23456, p99_ms=None)  # fmt: skip
+    assert observed_status(ok) == {"requestRate": 123.0, "avgBatchSize": 3.14, "batchFill": 0.393, "queueTimeMs": 1.23}
+    idle = ModelSignals(state=SignalState.IDLE, pods=1, request_rate_rps=0.0, inference_rate_rps=0.0)
+    assert observed_status(idle) == {"requestRate": 0.0}
+    assert observed_status(ModelSignals.unknown("PrometheusUnavailable", "down")) == {}
+    json.dumps(observed_status(ok), allow_nan=False)
+
+
+class CountingSource:
+    """Stands in for PrometheusSignals to count query sets: what is tested is the hub's cache, not Prometheus
+    (the real server is in tests/component/test_metrics_real.py)."""
+
+    window_s = 10.0
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, str]]] = []
+        self.fail = False
+
+    def query_all(self, targets: Any) -> QueryResults | QueryFailure:
+        self.calls.append(sorted(t.key for t in targets))
+        if self.fail:
+            return QueryFailure("PrometheusUnavailable", "refused")
+        key = ("ns", "p1", "m")
+        return QueryResults(success={key: 100.0}, inferences={key: 100.0}, executions={key: 50.0},
+                            queue_us={key: 2000.0}, p99_us={}, pending={key: 0.0})  # fmt: skip
+
+
+def test_signal_hub_runs_one_query_set_per_tick_for_all_models() -> None:
+    now = [0.0]
+    source = CountingSource()
+    hub = SignalHub(source, max_age_s=5.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    a = SignalTarget("ns", "a", "m", 8, frozenset({"p1"}))
+    b = SignalTarget("ns", "b", "m", 8, frozenset({"p2"}))
+    first = hub.signals(a)
+    assert first.state == SignalState.OK
+    assert first.request_rate_rps == 10.0  # 100 successes over the 10 s window
+    hub.signals(b)  # same model name & namespace: already covered by a's query set
+    assert len(source.calls) == 1
+    assert hub.signals(b).state == SignalState.UNKNOWN  # b's pod has no series: NoSeries, from the cached answer
+    now[0] = 6.0  # next tick: one new query set covering both
+    hub.signals(a)
+    hub.signals(b)
+    assert source.calls == [[("ns", "a")], [("ns", "a"), ("ns", "b")]]
+    other = SignalTarget("ns2", "c", "m2", 8, frozenset({"q"}))
+    hub.signals(other)  # not covered by the last query set: asked at once
+    assert len(source.calls) == 3
+    idle_target = SignalTarget("ns", "d", "m", 8, frozenset())
+    assert hub.signals(idle_target).reason == "NoReadyPods"  # no pods: nothing to ask
+    assert len(source.calls) == 3
+    source.fail = True
+    now[0] = 12.0
+    failed = hub.signals(a)
+    assert (failed.state, failed.reason) == (SignalState.UNKNOWN, "PrometheusUnavailable")
+    hub.forget("ns", "b")
+    now[0] = 18.0
+    hub.signals(a)
+    assert ("ns", "b") not in source.calls[-1]
