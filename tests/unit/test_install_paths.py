@@ -11,6 +11,7 @@ Applying them to a real API server is tests/cluster/test_install_paths.py.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -55,6 +56,7 @@ OPERATOR_ENV = {
     "BATCHFILL_LOG_FORMAT",
     "BATCHFILL_METRICS_PORT",
     "BATCHFILL_RECONCILE_INTERVAL_SECONDS",
+    "BATCHFILL_SIGNAL_WINDOW_SECONDS",
 }
 # Labels only one of the two install paths sets.
 TOOL_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
@@ -352,6 +354,7 @@ def test_chart_defaults_match_the_operators_defaults(helm: str) -> None:
     assert env["BATCHFILL_PROMETHEUS_URL"] == defaults.prometheus_url
     assert int(env["BATCHFILL_METRICS_PORT"]) == defaults.metrics_port
     assert float(env["BATCHFILL_RECONCILE_INTERVAL_SECONDS"]) == defaults.reconcile_interval_s
+    assert float(env["BATCHFILL_SIGNAL_WINDOW_SECONDS"]) == defaults.signal_window_s
 
 
 def test_dockerfile_matches_the_chart() -> None:
@@ -403,3 +406,47 @@ def test_kustomize_examples_are_the_repository_examples_with_a_model_repository(
         assert {"name": "model-source", "persistentVolumeClaim": {"claimName": "triton-models", "readOnly": True}} in (
             volumes
         )
+
+
+def test_grafana_dashboard_renders_and_queries_only_exported_metrics(helm: str) -> None:
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from batchfill.adapters import operator_metrics
+
+    assert not [o for o in helm_template(helm) if o["kind"] == "ConfigMap"], "the dashboard is opt-in"
+    cm = _only(helm_template(helm, "--set", "grafanaDashboard.enabled=true"), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["batchfill.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "batchfill.json").read_text())
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {"Load (requests/s)", "Replicas", "Batch fill", "Queue time per request", "p99 against the SLA"} <= titles
+    # every series the dashboard asks for is one the operator exports (after one observed tick)
+    from batchfill.policy.scaling import Decision
+    from batchfill.policy.signals import ModelSignals, SignalState
+
+    operator_metrics.observe_tick(
+        "ns", "m", decision=Decision(2, 1, 2, "ScaleOutSaturated", "", ()),
+        signals=ModelSignals(SignalState.OK, pods=1, request_rate_rps=5.0, batch_fill=0.5, queue_time_ms=1.0,
+                             p99_ms=10.0), replicas=2, ready=1, capacity_rps=10.0, server_budget_ms=90.0,
+        gpus_per_replica=1, elapsed_s=3600.0,
+    )  # fmt: skip
+    operator_metrics.RECONCILE.labels("scale").observe(0.1)
+    exported = {s.name for f in text_string_to_metric_families(generate_latest(operator_metrics.REGISTRY).decode())
+                for s in f.samples}  # fmt: skip
+    used = {
+        m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"\b(batchfill_[a-z0-9_]+)", t["expr"])
+    }
+    assert used, "no batchfill metric in the dashboard"
+    assert used <= exported, f"dashboard queries metrics the operator does not export: {sorted(used - exported)}"
+    text = generate_latest(operator_metrics.REGISTRY).decode()
+    ours = {"namespace": "ns", "name": "m"}
+    gpu_hours = [
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "batchfill_gpu_hours_total" and s.labels == ours
+    ]
+    assert gpu_hours == [2.0]  # 2 replicas x 1 GPU x 1 hour
+    operator_metrics.forget("ns", "m")
+    assert 'name="m"' not in generate_latest(operator_metrics.REGISTRY).decode()
