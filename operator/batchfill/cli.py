@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -220,8 +219,6 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
         verbose=args.verbose, log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL
     )
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    # the timer interval is fixed when handlers.py is imported; it reads the environment (settings.py)
-    os.environ["BATCHFILL_RECONCILE_INTERVAL_SECONDS"] = repr(settings.reconcile_interval_s)
     import batchfill.handlers  # noqa: F401  (registers the handlers)
 
     kopf.run(

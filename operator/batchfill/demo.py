@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,7 @@ from batchfill.adapters.loadgen import LoadResult, grpc_fp32_input, run_poisson
 from batchfill.adapters.model_repo import write_model
 from batchfill.adapters.triton_local import LocalTriton
 from batchfill.adapters.triton_stats import summary_quantile_ms
-from batchfill.render import config_on_cpu
+from batchfill.render import config_on_cpu, config_with_parameters
 from batchfill.render.kube import MODEL_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,22 +125,49 @@ def _apply(kubeconfig: Path, docs: list[dict[str, Any]], path: Path) -> None:
 
 
 class PodTritons:
-    """One real tritonserver per Ready Triton pod, with that pod's model repository (see module docstring)."""
+    """One real tritonserver per Ready Triton pod, with that pod's model repository (see module docstring).
 
-    def __init__(self, work: Path, model: str, model_files: Path) -> None:
+    ``parameters`` are the model's own config knobs (e.g. the sleep model's ``alpha_ms``), added to the
+    ConfigMap's config. :meth:`endpoints` is safe to read from another thread (a load generator): a server
+    leaves it before it is stopped, and gets ``drain_s`` to finish the requests in flight.
+    """
+
+    def __init__(
+        self,
+        work: Path,
+        model: str,
+        model_files: Path,
+        *,
+        parameters: Mapping[str, str] | None = None,
+        drain_s: float = 1.0,
+    ) -> None:
         self.work, self.model, self.model_files = work, model, model_files
+        self.parameters = dict(parameters or {})
+        self.drain_s = drain_s
         self.servers: dict[str, LocalTriton] = {}
+        self._endpoints: list[str] = []
+
+    def endpoints(self) -> list[str]:
+        """gRPC ``host:port`` of the servers of Ready pods (a new list each call)."""
+        return list(self._endpoints)
 
     def sync(self, ready: dict[str, str], config_pbtxt: str, console: Console) -> None:
         """Start servers for new Ready pods, stop those of pods that went away (``ready``: pod -> node)."""
-        for pod in sorted(set(self.servers) - set(ready)):
+        gone = sorted(set(self.servers) - set(ready))
+        if gone:
+            self._endpoints = [s.grpc_url for p, s in sorted(self.servers.items()) if p not in gone]
+            time.sleep(self.drain_s)
+        for pod in gone:
             self.servers.pop(pod).stop()
             console.log(f"pod {pod} gone: its tritonserver stopped")
+        config = config_on_cpu(config_pbtxt)
+        if self.parameters:
+            config = config_with_parameters(config, self.parameters)
         for pod in sorted(set(ready) - set(self.servers)):
             repo = self.work / pod / "models"
             shutil.rmtree(repo, ignore_errors=True)
             shutil.copytree(self.model_files, repo)
-            (repo / self.model / "config.pbtxt").write_text(config_on_cpu(config_pbtxt))
+            (repo / self.model / "config.pbtxt").write_text(config)
             server = LocalTriton(repo, log_path=self.work / pod / "tritonserver.log", startup_timeout_s=180)
             with console.status(f"starting tritonserver for pod {pod} (node {ready[pod]}) ..."):
                 server.start()
@@ -149,8 +176,10 @@ class PodTritons:
                 f"pod {pod} on {ready[pod]}: tritonserver pid {server.pid}, grpc {server.grpc_url}, "
                 f"metrics {server.metrics_url}"
             )
+        self._endpoints = [s.grpc_url for _, s in sorted(self.servers.items())]
 
     def stop(self) -> None:
+        self._endpoints = []
         for server in self.servers.values():
             server.stop()
         self.servers.clear()

@@ -7,12 +7,15 @@
   API conflicts, throttling and outages -> ``kopf.TemporaryError`` with a backoff (CASES C18). No handler is
   declared with ``retries=0`` (which kopf reads as "zero attempts").
 * delete: nothing to do: every child has an ownerReference, so the API server garbage-collects them. The
-  handler is ``optional`` so kopf adds no finalizer for it.
+  handler is ``optional`` and scaling runs in :class:`ScalingLoop`, not in a kopf timer, so kopf adds no
+  finalizer: a BatchedModel deletes cleanly even when the operator is not running.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
+import threading
 import time
 from typing import Any
 
@@ -28,9 +31,6 @@ from batchfill.settings import OperatorSettings
 
 log = logging.getLogger("batchfill")
 ANNOTATION_PREFIX = "batchfill.io"
-# kopf reads timer intervals when the decorators run, i.e. at import: `batchfill run` validates the settings
-# before it imports this module, so reading them here cannot fail for a running operator.
-TIMER_INTERVAL_S = OperatorSettings.from_env().reconcile_interval_s
 
 
 def _kube(memo: Any) -> Kube:
@@ -51,6 +51,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING  # only warnings and errors become Events; decisions post their own
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
     settings.execution.max_workers = ours.max_workers
+    if ours.namespaces and not any(c in n for n in ours.namespaces for c in "*?!,"):
+        # exact namespaces: nothing to discover, so no cluster-wide namespace/CRD scans, which the namespaced
+        # RBAC of the chart does not allow (kopf would retry them with errors before falling back)
+        settings.scanning.disabled = True
     settings.networking.request_timeout = ours.request_timeout_s
     memo.kube = Kube.from_config()
     # shared by reference with every per-object memo (kopf copies the operator memo shallowly per object)
@@ -59,11 +63,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         max_age_s=ours.reconcile_interval_s / 2,
     )
     operator_metrics.serve(ours.metrics_port)
+    memo.scaling_loop = ScalingLoop(memo.kube, memo.signal_hub, ours)
+    memo.scaling_loop.start()
 
 
 def _emitter(body: Any) -> Any:
     def emit(type_: str, reason: str, message: str) -> None:
         kopf.event(body, type=type_, reason=reason, message=message[:1024])
+        level = logging.WARNING if type_ == "Warning" else logging.INFO
+        log.log(level, "%s/%s %s: %s", body["metadata"]["namespace"], body["metadata"]["name"], reason, message)
 
     return emit
 
@@ -93,33 +101,98 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int) -> No
         patch.status[key] = value
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=TIMER_INTERVAL_S, initial_delay=min(5.0, TIMER_INTERVAL_S), sharp=False)
-def scale(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Status refresh and one scaling decision (reconcile.scale_tick); writes only what changed.
+class ScalingLoop:
+    """Every ``interval_s``: one list of BatchedModels, one Prometheus query set, one decision per model.
 
-    The per-object ``memo`` keeps the decision history between ticks (lost on restart: the policy then holds
-    scale-in for a full stabilization window). Kubernetes trouble postpones the tick; Prometheus trouble is a
-    signal state (hold), never an error here, so the timer never piles up errors in the handler progress.
+    A thread of the operator rather than a kopf timer: kopf puts a finalizer on every object that has a timer,
+    and a BatchedModel would then hang in deletion whenever the operator is not running (uninstalled first,
+    crash-looping). Deletion stays pure garbage collection. Status is written with the object's
+    resourceVersion as a precondition, so a tick computed from an older state never overwrites what a
+    create/update handler wrote since (a 409 skips the model until the next tick). Events are posted through the
+    API (kopf.event works only inside handlers).
     """
-    started, now = time.monotonic(), time.time()
-    history = getattr(memo, "scaling_history", ())
-    try:
-        tick = scale_tick(body, _kube(memo), memo.signal_hub.signals, history, now=now, emit=_emitter(body))
-    except (KubeTemporaryError, KubePermanentError) as err:
-        log.warning("scaling tick of %s/%s postponed: %s", body.metadata.namespace, body.metadata.name, err)
-        return
-    finally:
-        operator_metrics.RECONCILE.labels("scale").observe(time.monotonic() - started)
-    for key, value in tick.status.items():
-        patch.status[key] = value
-    if tick.decision is not None and tick.signals is not None and tick.desired is not None:
-        memo.scaling_history = tick.decision.history
-        last = getattr(memo, "last_tick", None)
-        memo.last_tick = now
+
+    def __init__(self, kube: Kube, hub: SignalHub, settings: OperatorSettings) -> None:
+        self.kube, self.hub, self.settings = kube, hub, settings
+        self.history: dict[str, tuple[Any, ...]] = {}  # uid -> decision history (lost on restart: see policy)
+        self.last_tick: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="batchfill-scaling", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        self._stop.wait(min(5.0, self.settings.reconcile_interval_s))
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick(time.time())
+            except Exception:  # a bug in one tick must not end scaling for good
+                log.exception("scaling tick failed")
+            self._stop.wait(max(0.0, self.settings.reconcile_interval_s - (time.monotonic() - started)))
+
+    def _namespaces(self) -> tuple[str, ...]:
+        exact = [n for n in self.settings.namespaces if not any(c in n for c in "*?!,")]
+        return tuple(exact) if len(exact) == len(self.settings.namespaces) else ()
+
+    def _watched(self, namespace: str) -> bool:
+        patterns = self.settings.namespaces
+        if not patterns:
+            return True
+        included = any(fnmatch.fnmatchcase(namespace, p) for p in patterns if not p.startswith("!"))
+        excluded = any(fnmatch.fnmatchcase(namespace, p[1:]) for p in patterns if p.startswith("!"))
+        return included and not excluded
+
+    def tick(self, now: float) -> None:
+        """One pass over every BatchedModel the operator serves."""
+        try:
+            models = self.kube.list_batched_models(self._namespaces())
+        except (KubeTemporaryError, KubePermanentError) as err:
+            log.warning("scaling tick postponed: %s", err)
+            return
+        seen = set()
+        for body in models:
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp") or not self._watched(meta["namespace"]):
+                continue
+            seen.add(meta["uid"])
+            self._one(body, now)
+        for uid in set(self.history) - seen:
+            self.history.pop(uid, None)
+            self.last_tick.pop(uid, None)
+
+    def _one(self, body: dict[str, Any], now: float) -> None:
+        meta = body["metadata"]
+        uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
+
+        def emit(type_: str, reason: str, message: str) -> None:
+            self.kube.post_event(body, type_, reason, message)
+            log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s/%s %s: %s", ns, name, reason, message)
+
+        started = time.monotonic()
+        try:
+            tick = scale_tick(body, self.kube, self.hub.signals, self.history.get(uid, ()), now=now, emit=emit)
+            written = not tick.status or self.kube.patch_status(body, tick.status)
+        except (KubeTemporaryError, KubePermanentError) as err:
+            log.warning("scaling tick of %s/%s postponed: %s", ns, name, err)
+            return
+        finally:
+            operator_metrics.RECONCILE.labels("scale").observe(time.monotonic() - started)
+        if tick.decision is None or tick.signals is None or tick.desired is None:
+            return
+        if written:
+            self.history[uid] = tick.decision.history
+        last = self.last_tick.get(uid)
+        self.last_tick[uid] = now
         plan = tick.desired.plan_status
         operator_metrics.observe_tick(
-            str(body.metadata.namespace),
-            str(body.metadata.name),
+            ns,
+            name,
             decision=tick.decision,
             signals=tick.signals,
             replicas=tick.replicas,
@@ -131,8 +204,17 @@ def scale(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None
         )
 
 
+@kopf.on.cleanup()
+def stop_scaling(memo: kopf.Memo, **_: Any) -> None:
+    loop = getattr(memo, "scaling_loop", None)
+    if loop is not None:
+        loop.stop()
+
+
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 def deleted(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    memo.signal_hub.forget(namespace or "", name)
+    hub = getattr(memo, "signal_hub", None)
+    if hub is not None:
+        hub.forget(namespace or "", name)
     operator_metrics.forget(namespace or "", name)
     log.info("BatchedModel %s/%s deleted; its children go with it (ownerReferences)", namespace, name)

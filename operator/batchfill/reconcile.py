@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchfill.adapters.kube import Kube, KubeNotFoundError
-from batchfill.adapters.metrics import SignalTarget
+from batchfill.adapters.metrics import NO_READY_PODS, NO_SERIES, SignalTarget
 from batchfill.api.errors import SpecError
 from batchfill.api.spec import BatchedModelSpec, ScalingMode
 from batchfill.api.status import PlanStatus
@@ -102,9 +102,19 @@ def rejection_status(err: SpecError, status: Mapping[str, Any], generation: int 
     }
 
 
+def _stored(value: Any) -> Any:
+    """``value`` as the API server stores it after a merge patch: None members of objects are removed."""
+    if isinstance(value, Mapping):
+        return {k: _stored(v) for k, v in value.items() if v is not None}
+    return value
+
+
 def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level status fields of ``wanted`` that differ from ``current`` (empty: write nothing)."""
-    return {k: v for k, v in wanted.items() if current.get(k) != v}
+    """The top-level status fields of ``wanted`` that differ from ``current`` (empty: write nothing).
+
+    A None (here or inside an object) removes the field in the merge patch, so it equals an absent one.
+    """
+    return {k: v for k, v in wanted.items() if current.get(k) != _stored(v)}
 
 
 def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) -> dict[str, Any]:
@@ -264,18 +274,20 @@ def _significant(x: float | None) -> float | None:
     return float(f"{x:.{_OBSERVED_DIGITS}g}")
 
 
-def observed_status(signals: ModelSignals) -> dict[str, float]:
-    """``status.observed`` (rounded; empty when the signals are unknown: unknown is not zero)."""
+def observed_status(signals: ModelSignals) -> dict[str, float | None] | None:
+    """``status.observed``, rounded; None (the field removed) when the signals are unknown: unknown is not zero.
+
+    Values not measured in the window are None, so a merge patch removes what an earlier tick wrote.
+    """
     if signals.state == SignalState.UNKNOWN:
-        return {}
-    values = {
+        return None
+    return {
         "requestRate": _significant(signals.request_rate_rps),
         "avgBatchSize": _significant(signals.avg_batch_size),
         "batchFill": _significant(signals.batch_fill),
         "queueTimeMs": _significant(signals.queue_time_ms),
         "p99Ms": _significant(signals.p99_ms),
     }
-    return {k: v for k, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -341,10 +353,13 @@ def scale_tick(
     owned = status.get("desiredReplicas")
     if spec.scaling.mode == ScalingMode.AUTO and isinstance(owned, int) and owned != current:
         restored, current = current, owned
+    # A Ready pod whose series Prometheus has not scraped yet serves load the signals do not show: it counts as
+    # capacity on the way, not as measured capacity (else its arrival looks like the same load on more pods).
+    measured = len(pods.ready) if signals.state == SignalState.UNKNOWN else min(len(pods.ready), signals.pods)
     replicas = Replicas(
         current=current,
-        ready=len(pods.ready),
-        starting=pods.starting,
+        ready=measured,
+        starting=pods.starting + len(pods.ready) - measured,
         pending=pods.pending,
         pending_reason=pods.pending_reason,
     )
@@ -358,7 +373,9 @@ def scale_tick(
     if decision.apply:
         emit("Normal", decision.reason, f"{current} -> {decision.desired_replicas}: {decision.message}")
     elif decision.reason != status.get("lastScaleReason"):
-        kind = "Warning" if decision.reason in WARNING_REASONS else "Normal"
+        # pods not scraped yet (a new model, a new pod) are expected for a window; Prometheus trouble is not
+        expected_gap = signals.reason in (NO_SERIES, NO_READY_PODS)
+        kind = "Warning" if decision.reason in WARNING_REASONS and not expected_gap else "Normal"
         emit(kind, decision.reason, decision.message)
 
     wanted = desired_status(body, desired, deployment, now=now, extra=_scaling_conditions(decision, signals))

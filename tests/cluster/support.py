@@ -212,3 +212,44 @@ def pods_of(kube: Kube, namespace: str, selector: str) -> list[Any]:
 
 def pod_condition(pod: Any, type_: str) -> Any:
     return next((c for c in (pod.status.conditions or []) if c.type == type_), None)
+
+
+def model_volume(kube: Kube, ns: str) -> None:
+    """A statically bound PersistentVolume + claim `models` (the repository the BatchedModels mount)."""
+    pv = f"models-{ns}"
+    kube.core.create_persistent_volume(
+        {
+            "metadata": {"name": pv, "labels": {"batchfill.io/test": "true"}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": "",
+                "hostPath": {"path": "/tmp/batchfill-models"},
+                "claimRef": {"namespace": ns, "name": "models"},
+            },
+        }
+    )
+    kube.core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": "models"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+    until(
+        "the model volume to bind",
+        lambda: kube.core.read_namespaced_persistent_volume_claim("models", ns),
+        lambda c: c.status.phase == "Bound",
+        60,
+    )
+
+
+def until(what: str, fetch: Any, ok: Any, timeout_s: float = 60.0) -> Any:
+    """Poll ``fetch()`` until ``ok(value)``; return that value."""
+    return wait_for(what, lambda: (lambda v: v if ok(v) else None)(fetch()), timeout_s)

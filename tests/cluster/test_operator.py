@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from batchfill.adapters import devcluster
 
 from .conftest import USE_EXISTING
-from .support import Kube, require_gpus, temp_namespace, wait_for
+from .support import Kube, model_volume, require_gpus, temp_namespace, until, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -98,47 +98,6 @@ def operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         assert not denied, "the ServiceAccount lacked a permission:\n" + "\n".join(denied[:10])
 
 
-def model_volume(kube: Kube, ns: str) -> None:
-    """A statically bound PersistentVolume + claim `models` (the repository the BatchedModels mount)."""
-    pv = f"models-{ns}"
-    kube.core.create_persistent_volume(
-        {
-            "metadata": {"name": pv, "labels": {"batchfill.io/test": "true"}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": "",
-                "hostPath": {"path": "/tmp/batchfill-models"},
-                "claimRef": {"namespace": ns, "name": "models"},
-            },
-        }
-    )
-    kube.core.create_namespaced_persistent_volume_claim(
-        ns,
-        {
-            "metadata": {"name": "models"},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
-    until(
-        "the model volume to bind",
-        lambda: kube.core.read_namespaced_persistent_volume_claim("models", ns),
-        lambda c: c.status.phase == "Bound",
-        60,
-    )
-
-
-def until(what: str, fetch: Any, ok: Any, timeout_s: float = 60.0) -> Any:
-    """Poll ``fetch()`` until ``ok(value)``; return that value."""
-    return wait_for(what, lambda: (lambda v: v if ok(v) else None)(fetch()), timeout_s)
-
-
 def is_true(bm: dict[str, Any], type_: str) -> bool:
     return (condition(bm, type_) or {}).get("status") == "True"
 
@@ -200,6 +159,7 @@ def test_valid_model_is_deployed_onto_gpu_nodes_with_status(kube: Kube, operator
         assert int(node.status.allocatable["nvidia.com/gpu"]) >= 1
         bm = until("Ready=True", lambda: get_bm(kube, ns, "resnet"), lambda b: is_true(b, "Ready"), 60)
         status = bm["status"]
+        assert not bm["metadata"].get("finalizers"), "deletion must not depend on the operator running"
         assert status["observedGeneration"] == bm["metadata"]["generation"]
         assert status["plan"]["maxBatchSize"] == 7
         assert status["plan"]["seedRule"]["maxQueueDelayMicroseconds"] == 40000
@@ -222,6 +182,32 @@ def test_api_server_rejects_min_above_max_replicas(kube: Kube, operator: Any) ->
             "field": "spec.scaling.minReplicas",
             "message": "Invalid value: minReplicas must be <= maxReplicas",
         } in [{"field": c.get("field"), "message": c.get("message")} for c in details]
+
+
+@pytest.mark.parametrize(
+    ("batching", "field", "message"),
+    [
+        ({"maxBatchSize": 8, "preferredBatchSizes": [4, 16]}, "spec.batching.preferredBatchSizes",
+         "every preferredBatchSizes entry must be <= maxBatchSize"),
+        ({"maxBatchSize": 0, "preferredBatchSizes": [2]}, "spec.batching.preferredBatchSizes",
+         "preferredBatchSizes need batching: maxBatchSize must be > 0"),
+        ({"preferredBatchSizes": [0, 8]}, "spec.batching.preferredBatchSizes[0]",
+         "should be greater than or equal to 1"),
+    ],
+    ids=["C01a", "C01b", "C01c"],
+)  # fmt: skip
+def test_api_server_rejects_the_c01_specs_with_the_field(
+    kube: Kube, operator: Any, batching: dict[str, Any], field: str, message: str
+) -> None:
+    """CASES C01 on the real API server: the CRD's schema and CEL rules refuse them before any operator runs."""
+    with temp_namespace(kube) as ns:
+        with pytest.raises(ApiException) as info:
+            custom(kube).create_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, batched_model("c01", batching=batching)
+            )
+        assert info.value.status == 422
+        causes = json.loads(info.value.body)["details"]["causes"]
+        assert any(c.get("field") == field and message in c.get("message", "") for c in causes), causes
 
 
 def test_operator_rejects_with_a_field_named_condition_and_one_event(kube: Kube, operator: Any) -> None:

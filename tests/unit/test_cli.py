@@ -96,3 +96,19 @@ def test_infeasible_sla_exits_2_with_the_numbers(tmp_path: Path, capsys: pytest.
 def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crd"]) == 0
     assert capsys.readouterr().out.strip() == (ROOT / "crds" / "batchedmodel.yaml").read_text().strip()
+
+
+def test_no_kopf_handler_is_declared_with_zero_retries_or_a_timer() -> None:
+    """CASES C18: ``retries=0`` means "never run" in kopf; and a timer or daemon would add a finalizer, so a
+    BatchedModel could not be deleted while the operator is down (scaling runs in handlers.ScalingLoop)."""
+    import kopf
+
+    import batchfill.handlers  # noqa: F401  (registers the handlers)
+
+    registry = kopf.get_default_registry()
+    changing = list(registry._changing.get_all_handlers())
+    spawning = list(registry._spawning.get_all_handlers())
+    assert {str(h.id) for h in changing} >= {"reconcile_handler", "deleted"}
+    assert all(h.retries is None or h.retries >= 1 for h in changing), [(h.id, h.retries) for h in changing]
+    assert spawning == [], [h.id for h in spawning]
+    assert all(not h.requires_finalizer for h in changing), [h.id for h in changing if h.requires_finalizer]

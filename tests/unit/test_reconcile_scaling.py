@@ -8,7 +8,7 @@ from typing import Any
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.policy.signals import ModelSignals, SignalState
-from batchfill.reconcile import observed_status, pod_counts
+from batchfill.reconcile import changed_fields, observed_status, pod_counts
 
 
 def pod(name: str, *, ready: bool = False, scheduled: bool | None = True, message: str = "", deleting: bool = False
@@ -42,11 +42,23 @@ def test_pod_counts_ready_starting_pending_and_terminating() -> None:
 def test_observed_status_is_rounded_and_empty_when_unknown() -> None:
     ok = ModelSignals(state=SignalState.OK, pods=2, request_rate_rps=123.456, inference_rate_rps=123.456,
                       avg_batch_size=3.14159, batch_fill=0.392699, queue_time_ms=1.23456, p99_ms=None)  # fmt: skip
-    assert observed_status(ok) == {"requestRate": 123.0, "avgBatchSize": 3.14, "batchFill": 0.393, "queueTimeMs": 1.23}
+    assert observed_status(ok) == {
+        "requestRate": 123.0, "avgBatchSize": 3.14, "batchFill": 0.393, "queueTimeMs": 1.23, "p99Ms": None
+    }  # fmt: skip
     idle = ModelSignals(state=SignalState.IDLE, pods=1, request_rate_rps=0.0, inference_rate_rps=0.0)
-    assert observed_status(idle) == {"requestRate": 0.0}
-    assert observed_status(ModelSignals.unknown("PrometheusUnavailable", "down")) == {}
+    assert observed_status(idle) == {
+        "requestRate": 0.0, "avgBatchSize": None, "batchFill": None, "queueTimeMs": None, "p99Ms": None
+    }  # fmt: skip
+    assert observed_status(ModelSignals.unknown("PrometheusUnavailable", "down")) is None
     json.dumps(observed_status(ok), allow_nan=False)
+
+
+def test_changed_fields_treats_none_as_absent_like_a_merge_patch() -> None:
+    stored = {"observed": {"requestRate": 0.0}, "desiredReplicas": 2}
+    same = {"observed": {"requestRate": 0.0, "batchFill": None}, "desiredReplicas": 2}
+    assert changed_fields(stored, same) == {}
+    assert changed_fields(stored, {"observed": None}) == {"observed": None}  # removes it
+    assert changed_fields({}, {"observed": None}) == {}  # already absent: no write
 
 
 class CountingSource:

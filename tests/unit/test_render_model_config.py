@@ -899,3 +899,23 @@ def test_render_imports_only_the_triton_schema() -> None:
 def test_check_spec_rejects_what_triton_rejects(model: dict[str, Any], path: str, message: str) -> None:
     problems = check_spec(make_spec(model))
     assert [(p.path, p.message) for p in problems] == [(path, message)]
+
+
+def test_config_on_cpu_and_with_parameters_keep_everything_else() -> None:
+    import tritonclient.grpc.model_config_pb2 as pb
+    from google.protobuf import text_format
+
+    from batchfill.render import config_on_cpu, config_with_parameters
+
+    gpu = 'name: "m"\nmax_batch_size: 4\ndynamic_batching {\n  preferred_batch_size: [1, 2, 3, 4]\n}\n' \
+          'instance_group {\n  count: 2\n  kind: KIND_GPU\n  gpus: [0]\n}\n'  # fmt: skip
+    cpu = text_format.Parse(config_on_cpu(gpu), pb.ModelConfig())
+    assert [(g.kind, list(g.gpus), g.count) for g in cpu.instance_group] == [(pb.ModelInstanceGroup.KIND_CPU, [], 2)]
+    assert list(cpu.dynamic_batching.preferred_batch_size) == [1, 2, 3, 4]
+    assert "max_batch_size: 4" in config_on_cpu(gpu)
+    text = config_with_parameters(config_on_cpu(gpu), {"beta_ms": "2", "alpha_ms": "10"})
+    parsed = text_format.Parse(text, pb.ModelConfig())
+    assert {k: v.string_value for k, v in parsed.parameters.items()} == {"alpha_ms": "10", "beta_ms": "2"}
+    parsed.ClearField("parameters")
+    assert parsed == cpu
+    assert text.index('key: "alpha_ms"') < text.index('key: "beta_ms"')  # deterministic order

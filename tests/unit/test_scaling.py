@@ -399,3 +399,17 @@ def test_saturation_is_the_fill_the_plan_predicts_at_target_not_the_target_utili
     assert (at.saturated, at.desired_replicas, at.reason) == (True, 2, "ScaleOutSaturated")
     # the same fill without the plan's number falls back to u = 0.8: not saturated
     assert run(ok(50.0, fill=0.3), 1).saturated is False
+
+
+def test_evidence_waits_for_triton_p99_summary_window_after_a_replica_joins() -> None:
+    """Triton's p99 summary keeps the time before a scale-out for ~60 s, longer than a 10 s signal window: a
+    high p99 right after the second replica joined is old news, not a reason for a third (seen on the real
+    operator: 1 -> 2 -> 3 for 1.5 replicas' worth of load)."""
+    window = 10.0
+    hot = ok(60.0, fill=0.3, p99=95.0, window_s=window)  # p99 ≥ 0.9·T; load needs 2 at u·C = 40
+    joined = (Recommendation(NOW - 40, 2, 1), Recommendation(NOW - 30, 2, 2))  # 2nd Ready 30 s ago
+    held = run(hot, 2, 2, history=joined)
+    assert (held.desired_replicas, held.reason) == (2, "HoldSettling")
+    later = (Recommendation(NOW - 70, 2, 1), Recommendation(NOW - 61, 2, 2))  # 61 s ago: the summary moved on
+    acted = run(hot, 2, 2, history=later)
+    assert (acted.desired_replicas, acted.reason) == (3, "ScaleOutSLAAtRisk")

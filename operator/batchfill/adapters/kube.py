@@ -8,8 +8,10 @@ permanent (the API server rejected the object: retrying cannot help).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,3 +159,70 @@ class Kube:
             )
         except (ApiException, HTTPError) as e:
             raise _classify(e, f"scale Deployment {namespace}/{name}") from None
+
+    def list_batched_models(self, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """BatchedModels in ``namespaces`` (exact names), or in all namespaces when empty."""
+        from batchfill.api.spec import GROUP, PLURAL, VERSION
+
+        api: Any = client.CustomObjectsApi(self.api)
+        try:
+            if not namespaces:
+                return list(api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"])
+            return [
+                item
+                for ns in namespaces
+                for item in api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+            ]
+        except (ApiException, HTTPError) as e:
+            raise _classify(e, "list BatchedModels") from None
+
+    def patch_status(self, body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+        """Merge-patch ``status`` of a BatchedModel if it is still at ``body``'s resourceVersion.
+
+        Returns False when the object changed since ``body`` was read (HTTP 409) or is gone (404): the caller's
+        status was computed from an old state and must not overwrite a newer one; the next tick recomputes it.
+        """
+        from batchfill.api.spec import GROUP, PLURAL, VERSION
+
+        meta = body["metadata"]
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": dict(status)}
+        try:
+            client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
+                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch, field_manager=FIELD_MANAGER
+            )
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise _classify(e, f"patch status of {meta['namespace']}/{meta['name']}") from None
+        except HTTPError as e:
+            raise _classify(e, f"patch status of {meta['namespace']}/{meta['name']}") from None
+        return True
+
+    def post_event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``body`` (failures are logged, never raised: an event is not worth a retry)."""
+        meta = body["metadata"]
+        now = datetime.datetime.now(datetime.UTC)
+        event: Any = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "batchfill"},
+            "reportingComponent": "batchfill.io/operator",
+            "reportingInstance": "batchfill",
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "count": 1,
+        }
+        try:
+            client.CoreV1Api(self.api).create_namespaced_event(meta["namespace"], event)
+        except (ApiException, HTTPError) as e:
+            log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], e)

@@ -55,6 +55,9 @@ QUEUE_RISK_FRACTION = 0.25
 #: Low concurrency (CASES C04): batches average fewer samples than this while queue time ≥ 90 % of D.
 LOW_CONCURRENCY_BATCH = 1.5
 LOW_CONCURRENCY_DELAY_FRACTION = 0.9
+#: Sliding window of Triton's latency summaries (prometheus-cpp's default max age), seconds: a p99 keeps showing
+#: the time before a scale-out this long.
+P99_SUMMARY_WINDOW_S = 60.0
 #: Upper cap of the unbounded recommendation, so absurd inputs give a finite int.
 MAX_RECOMMENDATION = 1_000_000
 
@@ -174,7 +177,10 @@ def decide(inp: ScalingInput) -> Decision:
     budget = plan.server_budget_ms if math.isfinite(plan.server_budget_ms) and plan.server_budget_ms > 0 else None
     delay_ms = max(plan.max_queue_delay_us, 0) / 1000.0
 
-    horizon = max(window_s, sig.window_s)
+    # evidence (fill, queue time, p99) describes the whole signal window, and Triton's p99 summary a sliding
+    # window of its own: after a replica joins, neither shows the new capacity until both have passed
+    settle_s = max(sig.window_s, P99_SUMMARY_WINDOW_S)
+    horizon = max(window_s, settle_s)
     history = tuple(h for h in inp.history if now - horizon < h.time <= now)
     if not history:  # operator restart or a gap: no scale-in before a full window has been observed
         history = (Recommendation(now, current, ready),)
@@ -276,8 +282,8 @@ def decide(inp: ScalingInput) -> Decision:
                     f"{why}, {current - ready} not Ready yet ({rep.starting} starting); {facts}",
                     target,
                 )
-            if rec <= current and any(h.ready < ready for h in history if h.time >= now - sig.window_s):
-                msg = f"{why}, but a replica became Ready within the {sig.window_s:.0f} s signal window; {facts}"
+            if rec <= current and any(h.ready < ready for h in history if h.time >= now - settle_s):
+                msg = f"{why}, but a replica became Ready within the last {settle_s:.0f} s of signals; {facts}"
                 return out(current, "HoldSettling", msg, target)
             if current >= hi:
                 return out(current, "AtMaxReplicas", f"{why} at maxReplicas {hi}; {facts}", target, limited=True)

@@ -5,7 +5,15 @@ from batchfill.render.model_config import (
     build_model_config,
     config_hash,
     config_on_cpu,
+    config_with_parameters,
     render_model_config,
 )
 
-__all__ = ["InstanceKind", "build_model_config", "config_hash", "config_on_cpu", "render_model_config"]
+__all__ = [
+    "InstanceKind",
+    "build_model_config",
+    "config_hash",
+    "config_on_cpu",
+    "config_with_parameters",
+    "render_model_config",
+]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import tritonclient.grpc.model_config_pb2 as model_config_pb2
@@ -38,7 +38,14 @@ from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import BatchedModelSpec, SequenceStrategy, TensorSpec
 from batchfill.api.status import PlanStatus
 
-__all__ = ["InstanceKind", "build_model_config", "config_hash", "config_on_cpu", "render_model_config"]
+__all__ = [
+    "InstanceKind",
+    "build_model_config",
+    "config_hash",
+    "config_on_cpu",
+    "config_with_parameters",
+    "render_model_config",
+]
 
 #: Instance-group kinds batchfill renders (``ModelInstanceGroup.Kind`` in ``model_config.proto``).
 InstanceKind = Literal["KIND_GPU", "KIND_CPU"]
@@ -225,6 +232,20 @@ def config_on_cpu(config_pbtxt: str) -> str:
         group.kind = model_config_pb2.ModelInstanceGroup.Kind.KIND_CPU
         del group.gpus[:]
     return _print_model_config(cfg)
+
+
+def config_with_parameters(config_pbtxt: str, parameters: Mapping[str, str]) -> str:
+    """``config_pbtxt`` with Triton model ``parameters`` set (string values; a model's own knobs, e.g. the
+    sleep model's ``alpha_ms``). Raises ``google.protobuf.text_format.ParseError`` for text that is not a
+    ``ModelConfig``."""
+    cfg = text_format.Parse(config_pbtxt, model_config_pb2.ModelConfig())
+    for key, value in parameters.items():
+        cfg.parameters[key].string_value = value
+    knobs = model_config_pb2.ModelConfig()
+    knobs.parameters.MergeFrom(cfg.parameters)
+    cfg.ClearField("parameters")
+    # map entries are printed by text_format itself (sorted by key), after the fields batchfill renders
+    return _print_model_config(cfg) + str(text_format.MessageToString(knobs, as_utf8=True))
 
 
 # --- helpers -------------------------------------------------------------------------------------------

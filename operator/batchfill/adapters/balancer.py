@@ -1,0 +1,118 @@
+"""Open-loop Poisson load spread round-robin over a changing set of Triton servers, in a background thread.
+
+What a Kubernetes Service does for the Triton pods of a BatchedModel, for tests and demos where the pods are kwok
+pods paired with local tritonservers: each arrival goes to the next endpoint of ``endpoints()`` (read at every
+arrival, so servers joining or leaving take effect at once). The rate can be changed while it runs
+(:meth:`BalancedLoad.set_rate`); arrivals are exponential gaps drawn from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Sample:
+    """One request: when it was due (monotonic s), where it went, its latency (ms; None if it failed)."""
+
+    due_s: float
+    endpoint: str
+    latency_ms: float | None
+
+
+@dataclass
+class BalancedLoad:
+    """Poisson load at ``rate_rps`` (changeable) over ``endpoints()`` (gRPC ``host:port``), until :meth:`stop`.
+
+    Args:
+        model: Triton model name.
+        make_inputs: the ``tritonclient.grpc`` InferInput list of one single-sample request.
+        endpoints: the servers to spread over, read at each arrival; an empty list makes the arrival a failure
+            (as a Service without Ready endpoints would).
+        seed: seeds the arrival gaps.
+        timeout_s: client timeout per request.
+    """
+
+    model: str
+    make_inputs: Callable[[], Sequence[Any]]
+    endpoints: Callable[[], list[str]]
+    seed: int = 0
+    timeout_s: float = 10.0
+    samples: list[Sample] = field(default_factory=list)
+    _rate: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def set_rate(self, rate_rps: float) -> None:
+        """Arrivals per second from now on (0: pause)."""
+        if not (rate_rps >= 0 and np.isfinite(rate_rps)):
+            raise ValueError(f"rate must be finite and >= 0, got {rate_rps!r}")
+        self._rate = float(rate_rps)
+
+    def start(self, rate_rps: float) -> BalancedLoad:
+        self.set_rate(rate_rps)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="balanced-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sending, wait for the requests in flight."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 30)
+
+    def between(self, t0: float, t1: float) -> list[Sample]:
+        """Samples due in [t0, t1) (monotonic seconds)."""
+        return [s for s in list(self.samples) if t0 <= s.due_s < t1]
+
+    async def _main(self) -> None:
+        import tritonclient.grpc.aio as grpcaio
+
+        inputs = list(self.make_inputs())
+        rng = np.random.default_rng(self.seed)
+        clients: dict[str, Any] = {}
+        tasks: set[asyncio.Task[None]] = set()
+        turn = 0
+
+        async def one(due: float, endpoint: str) -> None:
+            client = clients.get(endpoint)
+            if client is None:
+                client = clients[endpoint] = grpcaio.InferenceServerClient(endpoint)
+            try:
+                await client.infer(self.model, inputs, client_timeout=self.timeout_s)
+            except Exception:  # counted as a failure; the load goes on
+                self.samples.append(Sample(due, endpoint, None))
+                return
+            self.samples.append(Sample(due, endpoint, (time.monotonic() - due) * 1e3))
+
+        due = time.monotonic()
+        while not self._stop.is_set():
+            rate = self._rate
+            if rate <= 0:
+                await asyncio.sleep(0.05)
+                due = time.monotonic()
+                continue
+            due += float(rng.exponential(1.0 / rate))
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            targets = self.endpoints()
+            if not targets:
+                self.samples.append(Sample(due, "", None))
+                continue
+            endpoint = targets[turn % len(targets)]
+            turn += 1
+            task = asyncio.create_task(one(due, endpoint))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for client in clients.values():
+            await client.close()
