@@ -334,14 +334,17 @@ def install_operator_rbac(kubeconfig: Path, work: Path) -> None:
 
 @contextlib.contextmanager
 def operator_as_service_account(
-    kubeconfig: Path, work: Path, log_path: Path, env: dict[str, str] | None = None
+    kubeconfig: Path, work: Path, log_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``batchfill run`` with a token of the install's ServiceAccount (its RBAC, not the admin's); stopped on exit."""
     sa_config = devcluster.service_account_kubeconfig(kubeconfig, OPERATOR_NS, OPERATOR_SA, work / "sa.kubeconfig")
     full_env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0", **(env or {}))
     with log_path.open("wb") as log_file:
         operator = subprocess.Popen(
-            [sys.executable, "-m", "batchfill.cli", "run"], stdout=log_file, stderr=subprocess.STDOUT, env=full_env
+            [sys.executable, "-m", "batchfill.cli", "run", *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=full_env,
         )
         try:
             yield operator

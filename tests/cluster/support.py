@@ -253,3 +253,13 @@ def model_volume(kube: Kube, ns: str) -> None:
 def until(what: str, fetch: Any, ok: Any, timeout_s: float = 60.0) -> Any:
     """Poll ``fetch()`` until ``ok(value)``; return that value."""
     return wait_for(what, lambda: (lambda v: v if ok(v) else None)(fetch()), timeout_s)
+
+
+def rbac_denials(operator_log: str, namespace: str = "batchfill-system", account: str = "batchfill") -> list[str]:
+    """Log lines where the API server denied the operator's ServiceAccount (RBAC denials name the user).
+
+    "forbidden ... because it is being terminated" (events posted into a namespace a test is deleting) is the
+    namespace lifecycle, not a missing permission, and does not name the user.
+    """
+    user = f'User "system:serviceaccount:{namespace}:{account}"'
+    return [line for line in operator_log.splitlines() if user in line]

@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import suppress
@@ -24,25 +23,15 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.adapters import devcluster
+from batchfill.demo import install_operator_rbac, operator_as_service_account
 
 from .conftest import USE_EXISTING
-from .support import Kube, model_volume, require_gpus, temp_namespace, until, wait_for
+from .support import Kube, model_volume, rbac_denials, require_gpus, temp_namespace, until, wait_for
 
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
-OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
-INSTALL_KINDS = {
-    "Namespace",
-    "CustomResourceDefinition",
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-}
 #: How long the steady-state check watches for writes (the issue asks for 5 minutes).
 STEADY_SECONDS = float(os.environ.get("BATCHFILL_STEADY_STATE_SECONDS", "300"))
 
@@ -59,43 +48,15 @@ def batched_model(name: str, **spec_changes: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[bytes]]:
     """Install CRD + RBAC from deploy/base (server-side apply), then run the operator as its ServiceAccount."""
-    rendered = kube.kubectl("kustomize", str(ROOT / "deploy" / "base")).stdout
-    install = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in INSTALL_KINDS]
-    assert {d["kind"] for d in install} >= {"CustomResourceDefinition", "ServiceAccount", "ClusterRole"}
-    path = tmp_path_factory.mktemp("install") / "install.yaml"
-    path.write_text(yaml.safe_dump_all(install))
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    kube.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-    sa_config = devcluster.service_account_kubeconfig(
-        kube.kubeconfig, OPERATOR_NS, OPERATOR_SA, tmp_path_factory.mktemp("sa") / "kubeconfig"
-    )
-    log = (tmp_path_factory.mktemp("operator") / "operator.log").open("wb")
-    env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "batchfill"), "run", "--verbose"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    time.sleep(3)
-    assert proc.poll() is None, f"operator exited: {Path(log.name).read_text()[-3000:]}"
-    try:
+    work = tmp_path_factory.mktemp("operator")
+    install_operator_rbac(kube.kubeconfig, work)
+    log = work / "operator.log"
+    with operator_as_service_account(kube.kubeconfig, work, log, args=("--verbose",)) as proc:
+        time.sleep(3)
+        assert proc.poll() is None, f"operator exited: {log.read_text()[-3000:]}"
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        text = Path(log.name).read_text()
-        # RBAC denials name the user; "forbidden ... because it is being terminated" (events posted into a
-        # namespace a test is deleting) is the namespace lifecycle, not a missing permission
-        denied = [
-            line for line in text.splitlines() if f'User "system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"' in line
-        ]
-        assert not denied, "the ServiceAccount lacked a permission:\n" + "\n".join(denied[:10])
+    denied = rbac_denials(log.read_text())
+    assert not denied, "the ServiceAccount lacked a permission:\n" + "\n".join(denied[:10])
 
 
 def is_true(bm: dict[str, Any], type_: str) -> bool:

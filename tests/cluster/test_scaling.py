@@ -32,7 +32,7 @@ from batchfill.adapters.prometheus_local import LocalPrometheus, ScrapeTarget
 from batchfill.demo import PodTritons
 
 from .conftest import USE_EXISTING
-from .support import Kube, model_volume, temp_namespace, until
+from .support import Kube, model_volume, rbac_denials, temp_namespace, until
 
 pytestmark = [
     pytest.mark.cluster,
@@ -42,7 +42,6 @@ pytestmark = [
 ]
 
 GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
-OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
 ALPHA_MS, BETA_MS = 40.0, 6.0
 #: l(b) declared a little above what the sleep model takes (Python-backend overhead ~1 ms, ~0.2 ms per request).
 PROFILE = [{"batchSize": b, "latencyMs": round(ALPHA_MS + 1 + (BETA_MS + 0.2) * b, 1)} for b in (1, 2, 4, 8, 16)]
@@ -162,8 +161,7 @@ def lab(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 yield lab
         finally:
             lab.close()
-            text = log.read_text()
-            denied = [line for line in text.splitlines() if f'User "system:serviceaccount:{OPERATOR_NS}:' in line]
+            denied = rbac_denials(log.read_text())
             assert not denied, denied[:5]
 
 

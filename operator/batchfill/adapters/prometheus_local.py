@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from batchfill.adapters.triton_local import LOOPBACK, free_port, process_group_alive
+from batchfill.adapters.triton_local import LOOPBACK, free_port, stop_process_group
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 JOB = "triton"
@@ -325,22 +324,7 @@ class LocalPrometheus:
     def stop(self) -> int | None:
         """SIGTERM, wait ``stop_grace_s``, then SIGKILL the server's process group; keeps port and TSDB."""
         proc, self._proc = self._proc, None
-        code: int | None = None
-        if proc is not None:
-            pgid = proc.pid  # start_new_session=True: the server leads its own group
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=self.stop_grace_s)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pgid, signal.SIGKILL)
-                    proc.wait(timeout=10)
-            code = proc.returncode
-            if process_group_alive(pgid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
+        code = stop_process_group(proc, self.stop_grace_s) if proc is not None else None
         if self._log_file is not None:
             with contextlib.suppress(Exception):
                 self._log_file.close()

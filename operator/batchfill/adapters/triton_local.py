@@ -181,6 +181,31 @@ def process_group_alive(pgid: int) -> bool:
     return False
 
 
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float, reap_s: float = 0.0) -> int | None:
+    """Stop a server started with ``start_new_session=True`` (it leads its own process group).
+
+    SIGTERM, up to ``grace_s`` for it to exit, then SIGKILL to the group; then up to ``reap_s`` for children that
+    outlive it (Triton's Python-backend stubs) before SIGKILL to whatever is left. Returns the exit code.
+    """
+    pgid = proc.pid
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    deadline = time.monotonic() + reap_s
+    while process_group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process_group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    return proc.returncode
+
+
 class LocalTriton:
     """A tritonserver subprocess on loopback; use as a context manager.
 
@@ -417,26 +442,8 @@ class LocalTriton:
     def stop(self) -> int | None:
         """SIGTERM, wait ``stop_grace_s``, then SIGKILL the server's process group. Returns the exit code."""
         proc, self._proc = self._proc, None
-        code: int | None = None
-        if proc is not None:
-            pgid = proc.pid  # start_new_session=True: the server leads its own group
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=self.stop_grace_s)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pgid, signal.SIGKILL)
-                    proc.wait(timeout=10)
-            code = proc.returncode
-            # Python-backend stubs normally exit with the server; reap any that did not.
-            deadline = time.monotonic() + 5
-            while process_group_alive(pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if process_group_alive(pgid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
+        # Python-backend stubs normally exit with the server; reap any that did not.
+        code = stop_process_group(proc, self.stop_grace_s, reap_s=5.0) if proc is not None else None
         if self._log_file is not None:
             with contextlib.suppress(Exception):
                 self._log_file.close()
