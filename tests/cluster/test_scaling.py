@@ -259,3 +259,23 @@ def test_advise_only_recommends(lab: Lab) -> None:
     lab.load.set_rate(0)
     assert lab.replicas("advise") == 1, "Advise changed the Deployment"
     assert "lastScaleTime" not in status
+
+
+def test_pending_for_gpus_is_reported_with_the_schedulers_reason(lab: Lab) -> None:
+    """A replica that no node can hold (5 GPUs; the fake nodes have 4) is Pending: CapacityLimited=True with the
+    scheduler's message, and no chain of scale-ups."""
+    body = sleep_model("big", "Auto")
+    body["spec"]["triton"]["gpusPerReplica"] = 5
+    lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
+    bm = until(
+        "CapacityLimited",
+        lambda: lab.bm("big"),
+        lambda b: condition(b, "CapacityLimited").get("status") == "True",
+        90,
+    )
+    limited = condition(bm, "CapacityLimited")
+    assert limited["reason"] == "ReplicasPending"
+    assert "nvidia.com/gpu" in limited["message"], limited
+    time.sleep(10)
+    assert lab.replicas("big") == 1, "a Pending replica must not trigger more replicas"
+    lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, "big")
