@@ -89,8 +89,10 @@ QUIET = None  # run()'s default history: nothing holds a scale-in back
         pytest.param(ok(240, fill=0.95), 2, 2, QUIET, 4, "ScaleOutSaturated", 6, id="step-bound-doubling"),
         # high rate by the plan, but low fill, short queue, p99 fine: the running replicas keep up
         pytest.param(ok(200, fill=0.3), 2, 2, QUIET, 2, "HoldNotSaturated", 5, id="high-rate-low-fill"),
-        # SLA at risk at a moderate rate (p99 85 ≥ 81): one more replica
-        pytest.param(ok(60, fill=0.5, p99=85), 2, 2, QUIET, 3, "ScaleOutSLAAtRisk", 2, id="p99-at-risk"),
+        # SLA at risk at a moderate rate (p99 85 ≥ 81, requests queue 15 ms ≥ T/8): one more replica
+        pytest.param(ok(60, fill=0.5, queue=15.0, p99=85), 2, 2, QUIET, 3, "ScaleOutSLAAtRisk", 2, id="p99-at-risk"),
+        # the same p99 while the window's queue time is 2 ms: the summary's older minute, not the load now
+        pytest.param(ok(60, fill=0.5, p99=85), 2, 2, QUIET, 2, "HoldWithinTolerance", 2, id="stale-p99"),
         # no p99 summary, but requests wait 25 ms beyond the 0.1 ms delay (≥ 22.5)
         pytest.param(ok(60, queue=25.0, p99=None), 2, 2, QUIET, 3, "ScaleOutSLAAtRisk", 2, id="queue-at-risk"),
         # 40 rps fits on 1, but 3 was recommended 200 s ago (window 300 s)
@@ -150,9 +152,12 @@ def test_c04_low_concurrency_is_not_overload() -> None:
     assert (d.desired_replicas, d.reason, d.low_concurrency, d.sla_at_risk) == (1, "HoldWithinTolerance", True, False)
     # more replicas than the load needs fall to minReplicas; never up
     assert run(signals, 3, plan=c04).desired_replicas == 1
-    # even a p99 near T (85 ≥ 81) is waiting for partners, not for a GPU: hold, do not scale out
-    d = run(ok(10, fill=1 / 32, batch=1.0, queue=50.0, p99=85.0), 2, plan=c04)
-    assert (d.desired_replicas, d.reason, d.sla_at_risk, d.low_concurrency) == (2, "HoldLowConcurrency", True, True)
+    # even a p99 near T (85 ≥ 81) is waiting for partners (queue ≈ delay), not for a GPU: never a scale-out
+    d = run(ok(10, fill=1 / 32, batch=1.0, queue=50.0, p99=85.0), 2, plan=c04, history=votes((15, 2)))
+    assert (d.desired_replicas, d.sla_at_risk, d.low_concurrency) == (2, False, True)
+    assert not d.reason.startswith("ScaleOut")
+    # queue well beyond the delay is waiting for a GPU again: no longer low concurrency
+    assert run(ok(10, fill=1 / 32, batch=1.0, queue=80.0, p99=85.0), 2, plan=c04).low_concurrency is False
 
 
 def test_samples_count_not_requests() -> None:
@@ -406,10 +411,21 @@ def test_evidence_waits_for_triton_p99_summary_window_after_a_replica_joins() ->
     high p99 right after the second replica joined is old news, not a reason for a third (seen on the real
     operator: 1 -> 2 -> 3 for 1.5 replicas' worth of load)."""
     window = 10.0
-    hot = ok(60.0, fill=0.3, p99=95.0, window_s=window)  # p99 ≥ 0.9·T; load needs 2 at u·C = 40
+    hot = ok(60.0, fill=0.3, queue=15.0, p99=95.0, window_s=window)  # p99 ≥ 0.9·T; load needs 2 at u·C = 40
     joined = (Recommendation(NOW - 40, 2, 1), Recommendation(NOW - 30, 2, 2))  # 2nd Ready 30 s ago
     held = run(hot, 2, 2, history=joined)
     assert (held.desired_replicas, held.reason) == (2, "HoldSettling")
     later = (Recommendation(NOW - 70, 2, 1), Recommendation(NOW - 61, 2, 2))  # 61 s ago: the summary moved on
     acted = run(hot, 2, 2, history=later)
     assert (acted.desired_replicas, acted.reason) == (3, "ScaleOutSLAAtRisk")
+
+
+def test_fill_evidence_settles_for_the_signal_window_only() -> None:
+    """Fill describes the window, not Triton's minute-long summary: 30 s after the 2nd replica joined, a
+    saturated pair scales to 3 at once (measured on real servers: 12 s faster on a ramp than waiting 60 s)."""
+    full = ok(60.0, fill=0.9, window_s=10.0)
+    joined = (Recommendation(NOW - 40, 2, 1), Recommendation(NOW - 30, 2, 2))
+    d = run(full, 2, 2, history=joined)
+    assert (d.desired_replicas, d.reason) == (3, "ScaleOutSaturated")
+    recent = (Recommendation(NOW - 8, 2, 1), Recommendation(NOW - 3, 2, 2))  # joined < 8 s ago: inside the window
+    assert run(full, 2, 2, history=recent).reason == "HoldSettling"

@@ -51,6 +51,25 @@ def poisson_arrivals(
     return kept
 
 
+def varying_poisson_arrivals(
+    rate_at: Callable[[float], float], duration_s: float, *, rate_max_rps: float, seed: int = 0
+) -> npt.NDArray[np.float64]:
+    """Arrival times (s from 0, before ``duration_s``) of a Poisson process whose rate follows ``rate_at(t)``.
+
+    Lewis-Shedler thinning: candidates of a homogeneous process at ``rate_max_rps`` (drawn as
+    :func:`poisson_arrivals` does, with ``seed``), each kept with probability ``rate_at(t) / rate_max_rps``
+    (uniforms from a second generator seeded with ``seed + 1``). ``rate_at`` must stay within
+    ``[0, rate_max_rps]``; a value outside raises ``ValueError``. Same seed, same arrivals.
+    """
+    candidates = poisson_arrivals(rate_max_rps, duration_s=duration_s, seed=seed)
+    rates = np.fromiter((rate_at(float(t)) for t in candidates), dtype=np.float64, count=len(candidates))
+    if rates.size and (not np.all(np.isfinite(rates)) or rates.min() < 0 or rates.max() > rate_max_rps * (1 + 1e-9)):
+        raise ValueError(f"rate_at must stay within [0, {rate_max_rps}] on [0, {duration_s})")
+    keep = np.random.default_rng(seed + 1).random(len(candidates)) * rate_max_rps < rates
+    kept: npt.NDArray[np.float64] = candidates[keep]
+    return kept
+
+
 def _pct(a: npt.NDArray[np.float64], q: float) -> float:
     return float(np.percentile(a, q)) if a.size else math.nan
 

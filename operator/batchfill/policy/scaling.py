@@ -18,12 +18,15 @@ Rules, the first that applies decides:
    (ScaleOutFromZero), otherwise HoldIdle.
 4. Scale out only on evidence from the running replicas: *saturated* (batch fill ≥ the fill the plan's
    simulation predicts at ``u·C``, ``status.plan.batchFillAtTarget``, else ``u``; without batching,
-   ``λ ≥ u·C`` per Ready replica) or *SLA at risk* (p99 ≥ 0.9·T, or queue time beyond ``D`` ≥ T/4). The target
+   ``λ ≥ u·C`` per Ready replica) or *SLA at risk* (queue time beyond ``D`` ≥ T/4, or p99 ≥ 0.9·T while the
+   window's queue time beyond ``D`` is ≥ T/8: Triton's p99 summary remembers ~60 s, so a p99 alone may describe
+   load that has left). The target
    is ``max(ceil(λ / (u·C)), ready + 1)`` (DESIGN §3), at most doubling per tick (HPA's 100 % scale-up policy),
    at most max. Queue time ≈ D with batches of one is waiting for partners, not for a GPU (CASES C04): it
    never counts as risk. Replicas starting or Pending are capacity on the way: no second step for the same
    evidence (HoldCapacityOnTheWay), none at all while pods are unschedulable (HoldReplicasPending), and none
-   while the signal window still covers time before the last replica became Ready (HoldSettling).
+   while the evidence still covers time before the last replica became Ready (HoldSettling: the signal
+   window for fill and queue time, also Triton's 60 s summary for a p99-driven step).
 5. Without evidence a higher load-proportional count is not acted on (HoldNotSaturated): the replicas keep
    the SLA, so the plan's capacity is conservative and another GPU would only lower the fill.
 6. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
@@ -55,6 +58,12 @@ QUEUE_RISK_FRACTION = 0.25
 #: Low concurrency (CASES C04): batches average fewer samples than this while queue time ≥ 90 % of D.
 LOW_CONCURRENCY_BATCH = 1.5
 LOW_CONCURRENCY_DELAY_FRACTION = 0.9
+#: ... and queue time at most this multiple of D plus LOW_CONCURRENCY_SLACK_MS: beyond it requests wait for a GPU.
+LOW_CONCURRENCY_DELAY_CEILING = 1.1
+LOW_CONCURRENCY_SLACK_MS = 1.0
+#: A p99 at risk counts only while the window's queue time beyond D is at least this fraction of T: Triton's p99
+#: summary remembers ~60 s, the other signals the window, so a p99 alone may describe load that has left.
+P99_QUEUE_CORROBORATION_FRACTION = 0.125
 #: Sliding window of Triton's latency summaries (prometheus-cpp's default max age), seconds: a p99 keeps showing
 #: the time before a scale-out this long.
 P99_SUMMARY_WINDOW_S = 60.0
@@ -211,7 +220,12 @@ def decide(inp: ScalingInput) -> Decision:
         if batching
         else load is not None and cap_ok and load >= per_replica * max(ready, 1)
     )
-    p99_risk = budget is not None and p99 is not None and p99 >= P99_RISK_FRACTION * budget
+    p99_risk = (
+        budget is not None
+        and p99 is not None
+        and p99 >= P99_RISK_FRACTION * budget
+        and (queue is None or queue - delay_ms >= P99_QUEUE_CORROBORATION_FRACTION * budget)
+    )
     queue_risk = budget is not None and queue is not None and queue - delay_ms >= QUEUE_RISK_FRACTION * budget
     sla_at_risk = metrics_ok and (p99_risk or queue_risk)
     low_concurrency = (
@@ -221,7 +235,9 @@ def decide(inp: ScalingInput) -> Decision:
         and sig.avg_batch_size is not None
         and sig.avg_batch_size < LOW_CONCURRENCY_BATCH
         and queue is not None
-        and queue >= LOW_CONCURRENCY_DELAY_FRACTION * delay_ms
+        and LOW_CONCURRENCY_DELAY_FRACTION * delay_ms
+        <= queue
+        <= LOW_CONCURRENCY_DELAY_CEILING * delay_ms + LOW_CONCURRENCY_SLACK_MS
     )
     facts = (
         f"load {_fmt(load, ' rps')} on {ready} Ready of {current} replicas at {_fmt(cap if cap_ok else None, ' rps')}"
@@ -269,7 +285,7 @@ def decide(inp: ScalingInput) -> Decision:
                 return out(1, "ScaleOutFromZero", f"demand at 0 replicas, starting 1; {facts}", vote=max(rec, 1))
             return out(0, "HoldIdle", f"idle at 0 replicas; {facts}")
 
-        wants_out = saturated or (sla_at_risk and not low_concurrency)
+        wants_out = saturated or sla_at_risk
         if wants_out:
             target = max(rec, min(ready, current) + 1)
             why = "saturated" if saturated else "SLA at risk"
@@ -282,17 +298,16 @@ def decide(inp: ScalingInput) -> Decision:
                     f"{why}, {current - ready} not Ready yet ({rep.starting} starting); {facts}",
                     target,
                 )
-            if rec <= current and any(h.ready < ready for h in history if h.time >= now - settle_s):
-                msg = f"{why}, but a replica became Ready within the last {settle_s:.0f} s of signals; {facts}"
+            # fill and queue time describe the window; only a p99-driven step waits out Triton's summary too
+            settle = sig.window_s if saturated or queue_risk else settle_s
+            if rec <= current and any(h.ready < ready for h in history if h.time >= now - settle):
+                msg = f"{why}, but a replica became Ready within the last {settle:.0f} s of signals; {facts}"
                 return out(current, "HoldSettling", msg, target)
             if current >= hi:
                 return out(current, "AtMaxReplicas", f"{why} at maxReplicas {hi}; {facts}", target, limited=True)
             desired = min(target, hi, 2 * current)
             reason = "ScaleOutSaturated" if saturated else "ScaleOutSLAAtRisk"
             return out(desired, reason, f"{why}: {current} -> {desired}; {facts}", target, limited=target > hi)
-        if sla_at_risk:
-            msg = f"SLA at risk with batches of ~1 and queue time ≈ the {delay_ms:.3g} ms delay: low concurrency, "
-            return out(current, "HoldLowConcurrency", f"{msg}more GPUs would not help; {facts}", max(rec, current))
         if rec > current:
             msg = f"load would need {rec} but the running replicas are not saturated and keep the SLA; {facts}"
             return out(current, "HoldNotSaturated", msg, rec)
