@@ -116,6 +116,7 @@ class ScalingLoop:
         self.kube, self.hub, self.settings = kube, hub, settings
         self.history: dict[str, tuple[Any, ...]] = {}  # uid -> decision history (lost on restart: see policy)
         self.last_tick: dict[str, float] = {}
+        self.holding: dict[str, int] = {}  # uid -> pods holding GPUs at the last tick (charged for the interval)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batchfill-scaling", daemon=True)
 
@@ -165,28 +166,29 @@ class ScalingLoop:
         for uid in set(self.history) - seen:
             self.history.pop(uid, None)
             self.last_tick.pop(uid, None)
+            self.holding.pop(uid, None)
 
     def _one(self, body: dict[str, Any], now: float) -> None:
         meta = body["metadata"]
         uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
 
-        def emit(type_: str, reason: str, message: str) -> None:
-            self.kube.post_event(body, type_, reason, message)
-            log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s/%s %s: %s", ns, name, reason, message)
-
         started = time.monotonic()
         try:
-            tick = scale_tick(body, self.kube, self.hub.signals, self.history.get(uid, ()), now=now, emit=emit)
+            tick = scale_tick(body, self.kube, self.hub.signals, self.history.get(uid, ()), now=now)
             written = not tick.status or self.kube.patch_status(body, tick.status)
+            if written and tick.scale_to is not None:
+                self.kube.scale_deployment(f"{name}-triton", ns, tick.scale_to)
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("scaling tick of %s/%s postponed: %s", ns, name, err)
             return
         finally:
             operator_metrics.RECONCILE.labels("scale").observe(time.monotonic() - started)
-        if tick.decision is None or tick.signals is None or tick.desired is None:
-            return
-        if written:
-            self.history[uid] = tick.decision.history
+        if tick.decision is None or tick.signals is None or tick.desired is None or not written:
+            return  # a status computed from an older state: nothing was done, the next tick recomputes
+        for type_, reason, message in tick.events:
+            self.kube.post_event(body, type_, reason, message)
+            log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s/%s %s: %s", ns, name, reason, message)
+        self.history[uid] = tick.decision.history
         last = self.last_tick.get(uid)
         self.last_tick[uid] = now
         plan = tick.desired.plan_status
@@ -200,8 +202,10 @@ class ScalingLoop:
             capacity_rps=plan.capacityPerReplicaRps,
             server_budget_ms=plan.serverBudgetMs,
             gpus_per_replica=tick.desired.spec.triton.gpusPerReplica,
+            gpu_holding_replicas=self.holding.get(uid, 0),
             elapsed_s=0.0 if last is None else max(0.0, now - last),
         )
+        self.holding[uid] = tick.holding
 
 
 @kopf.on.cleanup()

@@ -219,7 +219,7 @@ def desired_status(
         updates,
         generation=generation,
         now=now,
-        remove=() if warnings else (cond.BATCHING_EFFECTIVE,),
+        remove=() if warnings or any(u.type == cond.BATCHING_EFFECTIVE for u in extra) else (cond.BATCHING_EFFECTIVE,),
     )
     return {
         "observedGeneration": generation,
@@ -292,14 +292,22 @@ def observed_status(signals: ModelSignals) -> dict[str, float | None] | None:
 
 @dataclass(frozen=True)
 class ScaleTick:
-    """Outcome of one scaling tick: the status fields to patch, and what the operator's metrics record."""
+    """Outcome of one scaling tick, for the caller to carry out in this order: patch ``status`` (with the
+    object's resourceVersion as a precondition); only if that succeeded, scale the Deployment to ``scale_to``
+    and post ``events`` (type, reason, message). A status write that loses the race changes nothing.
+
+    ``holding`` is the number of pods that hold their GPUs now (scheduled, not Pending), for GPU-hours.
+    """
 
     status: dict[str, Any]
     decision: Decision | None = None
     signals: ModelSignals | None = None
     replicas: int = 0
     ready: int = 0
+    holding: int = 0
     desired: Desired | None = None
+    scale_to: int | None = None
+    events: tuple[tuple[str, str, str], ...] = ()
 
 
 def scale_tick(
@@ -309,19 +317,20 @@ def scale_tick(
     history: tuple[Recommendation, ...],
     *,
     now: float,
-    emit: Emit,
 ) -> ScaleTick:
-    """Status refresh and one scaling decision for a planned BatchedModel (gather -> decide -> act).
+    """Status refresh and one scaling decision for a planned BatchedModel (gather -> decide; the caller acts).
 
     * gather: the Deployment, the pods (Ready / starting / Pending with the scheduler's reason) and the signals
       of the Ready pods (``read_signals``: Prometheus through the shared SignalHub);
     * decide: :func:`batchfill.policy.scaling.decide` (pure);
-    * act: ``scaling.mode`` Auto scales through the Deployment's scale subresource; Advise only writes
-      ``status.desiredReplicas``; Off never touches replicas. In Auto the operator owns the replica count: a
-      manual edit of the Deployment is restored on the next tick (with an Event); use Off to scale by hand.
+    * what to do (:class:`ScaleTick`): ``scaling.mode`` Auto scales through the Deployment's scale subresource
+      and records the count in ``status.appliedReplicas``; Advise only writes ``status.desiredReplicas``; Off
+      never touches replicas. In Auto the operator owns the replica count: a Deployment whose replicas differ
+      from ``appliedReplicas`` was edited by hand and is restored (with an Event); use Off to scale by hand.
 
-    Events go out when the decision's reason or the replica count changes, not every tick. Returns only the
-    status fields that differ from the stored ones.
+    Events: a scale action; a decision reason different from ``status.lastScaleReason``; and
+    ``HoldMetricsUnknown`` once per change of the MetricsAvailable=False reason (a Warning for Prometheus
+    trouble, Normal for pods not scraped yet). Status holds only the fields that differ from the stored ones.
     """
     meta = body["metadata"]
     status: Mapping[str, Any] = body.get("status") or {}
@@ -350,9 +359,10 @@ def scale_tick(
 
     current = int((deployment.get("spec") or {}).get("replicas") or 0)
     restored = None
-    owned = status.get("desiredReplicas")
-    if spec.scaling.mode == ScalingMode.AUTO and isinstance(owned, int) and owned != current:
-        restored, current = current, owned
+    applied = status.get("appliedReplicas")  # what this operator last set in Auto (absent in Advise/Off)
+    auto = spec.scaling.mode == ScalingMode.AUTO
+    if auto and isinstance(applied, int) and applied != current:
+        restored, current = current, applied
     # A Ready pod whose series Prometheus has not scraped yet serves load the signals do not show: it counts as
     # capacity on the way, not as measured capacity (else its arrival looks like the same load on more pods).
     measured = len(pods.ready) if signals.state == SignalState.UNKNOWN else min(len(pods.ready), signals.pods)
@@ -365,21 +375,27 @@ def scale_tick(
     )
     decision = decide(ScalingInput(now, signals, PlanNumbers.from_status(plan), spec.scaling, replicas, history))
     target_replicas = decision.desired_replicas if decision.apply else current
-    if restored is not None or decision.apply:
-        kube.scale_deployment(dep_name, owner.namespace, target_replicas)
+    events: list[tuple[str, str, str]] = []
     if restored is not None:
-        emit("Normal", "ManualScaleReverted", f"Deployment replicas {restored} were set outside batchfill; "
-             f"scaling.mode Auto owns them: set {target_replicas} (use scaling.mode Off to scale by hand)")  # fmt: skip
+        events.append(("Normal", "ManualScaleReverted", f"Deployment replicas {restored} were set outside "
+                       f"batchfill; scaling.mode Auto owns them: set {target_replicas} (use scaling.mode Off to "
+                       "scale by hand)"))  # fmt: skip
     if decision.apply:
-        emit("Normal", decision.reason, f"{current} -> {decision.desired_replicas}: {decision.message}")
-    elif decision.reason != status.get("lastScaleReason"):
-        # pods not scraped yet (a new model, a new pod) are expected for a window; Prometheus trouble is not
+        events.append(("Normal", decision.reason, f"{current} -> {decision.desired_replicas}: {decision.message}"))
+    elif decision.reason != status.get("lastScaleReason") and decision.reason != "HoldMetricsUnknown":
+        kind = "Warning" if decision.reason in WARNING_REASONS else "Normal"
+        events.append((kind, decision.reason, decision.message))
+    conditions = _scaling_conditions(decision, signals)
+    metrics = conditions[0]
+    before = cond.find(status.get("conditions"), cond.METRICS_AVAILABLE) or {}
+    if metrics.status == cond.FALSE and (before.get("status"), before.get("reason")) != (cond.FALSE, metrics.reason):
+        # once per outage: Prometheus trouble is a Warning; pods not scraped yet (a new model or pod) are expected
         expected_gap = signals.reason in (NO_SERIES, NO_READY_PODS)
-        kind = "Warning" if decision.reason in WARNING_REASONS and not expected_gap else "Normal"
-        emit(kind, decision.reason, decision.message)
+        events.append(("Normal" if expected_gap else "Warning", "HoldMetricsUnknown", decision.message))
 
-    wanted = desired_status(body, desired, deployment, now=now, extra=_scaling_conditions(decision, signals))
+    wanted = desired_status(body, desired, deployment, now=now, extra=conditions)
     wanted["desiredReplicas"] = decision.desired_replicas
+    wanted["appliedReplicas"] = target_replicas if auto else None
     wanted["lastScaleReason"] = decision.reason
     if decision.apply or restored is not None:
         wanted["lastScaleTime"] = cond.rfc3339(now)
@@ -390,7 +406,10 @@ def scale_tick(
         signals=signals,
         replicas=target_replicas,
         ready=len(pods.ready),
+        holding=len(pods.ready) + pods.starting,
         desired=desired,
+        scale_to=target_replicas if (restored is not None or decision.apply) else None,
+        events=tuple(events),
     )
 
 
@@ -423,4 +442,16 @@ def _scaling_conditions(decision: Decision, signals: ModelSignals) -> list[cond.
         )
     else:
         limited = cond.ConditionUpdate(cond.CAPACITY_LIMITED, cond.FALSE, "WithinCapacity", "")
-    return [metrics, limited]
+    updates = [metrics, limited]
+    if decision.low_concurrency:  # CASES C04: say why batching does nothing, instead of adding GPUs
+        updates.append(
+            cond.ConditionUpdate(
+                cond.BATCHING_EFFECTIVE,
+                cond.FALSE,
+                "LowConcurrency",
+                "batches average under 1.5 requests and requests wait about the configured queue delay for "
+                "partners: clients send one request at a time; send concurrently (async or more clients) to let "
+                "Triton batch (status.observed.avgBatchSize)",
+            )
+        )
+    return updates

@@ -279,3 +279,46 @@ def test_pending_for_gpus_is_reported_with_the_schedulers_reason(lab: Lab) -> No
     time.sleep(10)
     assert lab.replicas("big") == 1, "a Pending replica must not trigger more replicas"
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, "big")
+
+
+def test_manual_replica_edits_restored_in_auto_respected_in_off_and_advise(lab: Lab) -> None:
+    """Auto owns spec.replicas (a hand edit is restored, with an Event); Off leaves them to the user; switching
+    Advise -> Auto does not take the recommendation for a hand edit (status.appliedReplicas is Auto's alone)."""
+    lab.following = ""  # no tritonservers: the signals stay unknown, which must not matter for this
+    name = "manual"
+    lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, sleep_model(name, "Auto"))
+    until("appliedReplicas", lambda: lab.bm(name).get("status") or {}, lambda s: s.get("appliedReplicas") == 1, 90)
+    apps = lab.kube.apps
+
+    def events(reason: str) -> list[Any]:
+        items = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
+        return [e for e in items if e.reason == reason]
+
+    apps.patch_namespaced_deployment_scale(f"{name}-triton", lab.ns, {"spec": {"replicas": 3}})
+    until("the hand edit restored", lambda: lab.replicas(name), lambda n: n == 1, 30)
+    assert len(events("ManualScaleReverted")) == 1
+
+    def mode(m: str) -> None:
+        lab.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, lab.ns, PLURAL, name, {"spec": {"scaling": {"mode": m}}}
+        )
+
+    mode("Off")
+    until(
+        "appliedReplicas dropped in Off",
+        lambda: lab.bm(name).get("status") or {},
+        lambda s: "appliedReplicas" not in s,
+        30,
+    )
+    apps.patch_namespaced_deployment_scale(f"{name}-triton", lab.ns, {"spec": {"replicas": 2}})
+    time.sleep(10)
+    assert lab.replicas(name) == 2, "Off must leave a hand-set replica count alone"
+    assert lab.bm(name)["status"]["lastScaleReason"] == "ScalingOff"
+    mode("Advise")
+    time.sleep(6)
+    mode("Auto")
+    time.sleep(10)
+    assert lab.replicas(name) == 2, "switching to Auto restored a count Auto never applied"
+    assert len(events("ManualScaleReverted")) == 1
+    assert lab.bm(name)["status"].get("appliedReplicas") == 2  # Auto owns it from here on
+    lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)

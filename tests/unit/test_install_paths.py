@@ -429,7 +429,7 @@ def test_grafana_dashboard_renders_and_queries_only_exported_metrics(helm: str) 
         "ns", "m", decision=Decision(2, 1, 2, "ScaleOutSaturated", "", ()),
         signals=ModelSignals(SignalState.OK, pods=1, request_rate_rps=5.0, batch_fill=0.5, queue_time_ms=1.0,
                              p99_ms=10.0), replicas=2, ready=1, capacity_rps=10.0, server_budget_ms=90.0,
-        gpus_per_replica=1, elapsed_s=3600.0,
+        gpus_per_replica=1, elapsed_s=3600.0, gpu_holding_replicas=2,
     )  # fmt: skip
     operator_metrics.RECONCILE.labels("scale").observe(0.1)
     exported = {s.name for f in text_string_to_metric_families(generate_latest(operator_metrics.REGISTRY).decode())

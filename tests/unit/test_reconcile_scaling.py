@@ -110,3 +110,30 @@ def test_signal_hub_runs_one_query_set_per_tick_for_all_models() -> None:
     now[0] = 18.0
     hub.signals(a)
     assert ("ns", "b") not in source.calls[-1]
+
+
+def test_low_concurrency_becomes_a_batching_condition_and_stays_put() -> None:
+    """CASES C04: the status says why batching does nothing; its transition time does not move between ticks."""
+    from batchfill.policy.scaling import Decision
+    from batchfill.reconcile import _scaling_conditions, desired_state, desired_status
+
+    decision = Decision(1, 1, 1, "HoldWithinTolerance", "", (), metrics_available=True, low_concurrency=True)
+    signals = ModelSignals(state=SignalState.OK, pods=1, request_rate_rps=10.0, avg_batch_size=1.0)
+    extra = _scaling_conditions(decision, signals)
+    by_type = {u.type: u for u in extra}
+    assert (by_type["BatchingEffective"].status, by_type["BatchingEffective"].reason) == ("False", "LowConcurrency")
+    assert by_type["MetricsAvailable"].status == "True"
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "seed-example.yaml").read_text())
+    body = {"metadata": {"generation": 1}, "spec": doc["spec"], "status": {}}
+    desired = desired_state(doc["spec"])
+    first = desired_status(body, desired, None, now=1000.0, extra=extra)
+    body["status"] = first
+    second = desired_status(body, desired, None, now=2000.0, extra=extra)
+    assert changed_fields(first, second) == {}
+    assert next(c for c in second["conditions"] if c["type"] == "BatchingEffective")["lastTransitionTime"] == (
+        "1970-01-01T00:16:40Z"
+    )

@@ -63,8 +63,13 @@ def observe_tick(
     server_budget_ms: float,
     gpus_per_replica: int,
     elapsed_s: float,
+    gpu_holding_replicas: int = 0,
 ) -> None:
-    """Record one scaling tick; ``elapsed_s`` since the previous tick of this model (0 on the first)."""
+    """Record one scaling tick; ``elapsed_s`` since the previous tick of this model (0 on the first).
+
+    GPU-hours charge the interval that just ended with ``gpu_holding_replicas``: the pods that held their GPUs
+    during it (scheduled, not Pending), as counted at the previous tick.
+    """
     labels = (namespace, name)
     DESIRED.labels(*labels).set(decision.desired_replicas)
     REPLICAS.labels(*labels).set(replicas)
@@ -74,18 +79,23 @@ def observe_tick(
     METRICS_AVAILABLE.labels(*labels).set(1 if decision.metrics_available else 0)
     DECISIONS.labels(*labels, decision.reason).inc()
     _REASONS.setdefault(labels, set()).add(decision.reason)
-    if elapsed_s > 0:
-        GPU_HOURS.labels(*labels).inc(replicas * gpus_per_replica * elapsed_s / 3600.0)
+    GPU_HOURS.labels(*labels).inc(max(0, gpu_holding_replicas) * gpus_per_replica * max(0.0, elapsed_s) / 3600.0)
     for gauge, value, scale in (
         (FILL, signals.batch_fill, 1.0),
         (QUEUE, signals.queue_time_ms, 1e-3),
         (P99, signals.p99_ms, 1e-3),
         (REQUEST_RATE, signals.request_rate_rps, 1.0),
     ):
-        if value is not None:  # unknown stays at its last value rather than a fake 0
+        if value is not None:
             gauge.labels(*labels).set(value * scale)
+        else:  # not measured (idle, unknown): no series rather than a stale or fake value
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
     if signals.p99_ms is not None:
         HEADROOM.labels(*labels).set((server_budget_ms - signals.p99_ms) / 1000.0)
+    else:
+        with contextlib.suppress(KeyError):
+            HEADROOM.remove(*labels)
 
 
 def forget(namespace: str, name: str) -> None:

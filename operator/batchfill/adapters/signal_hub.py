@@ -1,9 +1,9 @@
-"""One set of Prometheus queries per tick for every BatchedModel, shared by the per-object kopf timers.
+"""One set of Prometheus queries per tick for every BatchedModel (DESIGN §4: one query per signal for all models).
 
-kopf runs one timer per BatchedModel; they fire at about the same time. The first timer of a tick runs the six
-queries for every model the hub knows (DESIGN §4: one query per signal for all models, not one per model); the
-others within ``max_age_s`` reuse those answers and only aggregate their own Ready pods (pure). A model the last
-queries did not cover (new, or its namespace/model name changed) triggers a fresh query set.
+The scaling loop (handlers.ScalingLoop) asks for each model in turn; the first request of a tick runs the six
+queries for every model the hub knows, the others within ``max_age_s`` reuse those answers and only aggregate
+their own Ready pods (pure). A model the last queries did not cover (new, or its namespace/model name changed)
+triggers a fresh query set.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from batchfill.policy.signals import ModelSignals
 
 
 class SignalHub:
-    """Thread-safe cache of the last query set (kopf runs sync timers in a thread pool).
+    """Thread-safe cache of the last query set.
 
     Args:
         source: the Prometheus reader (its ``window_s`` is the signal window).

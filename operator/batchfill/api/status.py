@@ -89,6 +89,9 @@ class BatchedModelStatus(_Status):
     replicas: int | None = Field(default=None, ge=0)
     readyReplicas: int | None = Field(default=None, ge=0)
     desiredReplicas: int | None = Field(default=None, ge=0)
+    appliedReplicas: int | None = Field(
+        default=None, ge=0, description="Replicas the operator last set on the Deployment (scaling.mode Auto only)."
+    )
     lastScaleTime: str | None = None
     lastScaleReason: str | None = None
     observed: ObservedStatus | None = None

@@ -22,8 +22,9 @@ Rules, the first that applies decides:
    window's queue time beyond ``D`` is ≥ T/8: Triton's p99 summary remembers ~60 s, so a p99 alone may describe
    load that has left). The target
    is ``max(ceil(λ / (u·C)), ready + 1)`` (DESIGN §3), at most doubling per tick (HPA's 100 % scale-up policy),
-   at most max. Queue time ≈ D with batches of one is waiting for partners, not for a GPU (CASES C04): it
-   never counts as risk. Replicas starting or Pending are capacity on the way: no second step for the same
+   at most max. Queue time ≈ D with batches of one is waiting for partners, not for a GPU (CASES C04): the
+   queue thresholds sit beyond D, and ``Decision.low_concurrency`` lets the caller say so in a condition.
+   Replicas starting or Pending are capacity on the way: no second step for the same
    evidence (HoldCapacityOnTheWay), none at all while pods are unschedulable (HoldReplicasPending), and none
    while the evidence still covers time before the last replica became Ready (HoldSettling: the signal
    window for fill and queue time, also Triton's 60 s summary for a p99-driven step).
