@@ -51,7 +51,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING  # only warnings and errors become Events; decisions post their own
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
     settings.execution.max_workers = ours.max_workers
-    if ours.namespaces and not any(c in n for n in ours.namespaces for c in "*?!,"):
+    if ours.exact_namespaces:
         # exact namespaces: nothing to discover, so no cluster-wide namespace/CRD scans, which the namespaced
         # RBAC of the chart does not allow (kopf would retry them with errors before falling back)
         settings.scanning.disabled = True
@@ -67,11 +67,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.scaling_loop.start()
 
 
+def _log_event(namespace: str, name: str, type_: str, reason: str, message: str) -> None:
+    log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s/%s %s: %s", namespace, name, reason, message)
+
+
 def _emitter(body: Any) -> Any:
     def emit(type_: str, reason: str, message: str) -> None:
         kopf.event(body, type=type_, reason=reason, message=message[:1024])
-        level = logging.WARNING if type_ == "Warning" else logging.INFO
-        log.log(level, "%s/%s %s: %s", body["metadata"]["namespace"], body["metadata"]["name"], reason, message)
+        _log_event(body["metadata"]["namespace"], body["metadata"]["name"], type_, reason, message)
 
     return emit
 
@@ -117,6 +120,7 @@ class ScalingLoop:
         self.history: dict[str, tuple[Any, ...]] = {}  # uid -> decision history (lost on restart: see policy)
         self.last_tick: dict[str, float] = {}
         self.holding: dict[str, int] = {}  # uid -> pods holding GPUs at the last tick (charged for the interval)
+        self.monitored: set[str] = set()  # uids whose ServiceMonitor child was seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batchfill-scaling", daemon=True)
 
@@ -137,10 +141,6 @@ class ScalingLoop:
                 log.exception("scaling tick failed")
             self._stop.wait(max(0.0, self.settings.reconcile_interval_s - (time.monotonic() - started)))
 
-    def _namespaces(self) -> tuple[str, ...]:
-        exact = [n for n in self.settings.namespaces if not any(c in n for c in "*?!,")]
-        return tuple(exact) if len(exact) == len(self.settings.namespaces) else ()
-
     def _watched(self, namespace: str) -> bool:
         patterns = self.settings.namespaces
         if not patterns:
@@ -152,7 +152,7 @@ class ScalingLoop:
     def tick(self, now: float) -> None:
         """One pass over every BatchedModel the operator serves."""
         try:
-            models = self.kube.list_batched_models(self._namespaces())
+            models = self.kube.list_batched_models(self.settings.exact_namespaces)
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("scaling tick postponed: %s", err)
             return
@@ -163,10 +163,11 @@ class ScalingLoop:
                 continue
             seen.add(meta["uid"])
             self._one(body, now)
-        for uid in set(self.history) - seen:
+        for uid in (set(self.history) | set(self.last_tick) | self.monitored) - seen:
             self.history.pop(uid, None)
             self.last_tick.pop(uid, None)
             self.holding.pop(uid, None)
+            self.monitored.discard(uid)
 
     def _one(self, body: dict[str, Any], now: float) -> None:
         meta = body["metadata"]
@@ -174,20 +175,26 @@ class ScalingLoop:
 
         started = time.monotonic()
         try:
-            tick = scale_tick(body, self.kube, self.hub.signals, self.history.get(uid, ()), now=now)
+            tick = scale_tick(
+                body, self.kube, self.hub.signals, self.history.get(uid, ()), now=now, monitored=uid in self.monitored
+            )
             written = not tick.status or self.kube.patch_status(body, tick.status)
             if written and tick.scale_to is not None:
-                self.kube.scale_deployment(f"{name}-triton", ns, tick.scale_to)
+                self.kube.scale_deployment(tick.deployment, ns, tick.scale_to)
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("scaling tick of %s/%s postponed: %s", ns, name, err)
             return
         finally:
             operator_metrics.RECONCILE.labels("scale").observe(time.monotonic() - started)
+        if tick.monitored:
+            self.monitored.add(uid)
+        else:
+            self.monitored.discard(uid)
         if tick.decision is None or tick.signals is None or tick.desired is None or not written:
             return  # a status computed from an older state: nothing was done, the next tick recomputes
         for type_, reason, message in tick.events:
             self.kube.post_event(body, type_, reason, message)
-            log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s/%s %s: %s", ns, name, reason, message)
+            _log_event(ns, name, type_, reason, message)
         self.history[uid] = tick.decision.history
         last = self.last_tick.get(uid)
         self.last_tick[uid] = now

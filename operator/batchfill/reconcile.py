@@ -25,7 +25,7 @@ from batchfill.api.spec import BatchedModelSpec, ScalingMode
 from batchfill.api.status import PlanStatus
 from batchfill.api.validate import load_model
 from batchfill.policy import conditions as cond
-from batchfill.policy.plan import PlanResult, plan_batching
+from batchfill.policy.plan import PlanResult, plan_batching, significant
 from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Replicas, ScalingInput, decide
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render import config_hash, render_model_config
@@ -233,7 +233,8 @@ def desired_status(
 # -- scaling -----------------------------------------------------------------------------------------------------
 
 #: Decision reasons that are posted as Warning events (the rest are Normal).
-WARNING_REASONS = frozenset({"HoldMetricsUnknown", "HoldReplicasPending", "AtMaxReplicas", "HoldNoCapacity"})
+#: (HoldMetricsUnknown has its own rule: once per MetricsAvailable=False reason, see scale_tick.)
+WARNING_REASONS = frozenset({"HoldReplicasPending", "AtMaxReplicas", "HoldNoCapacity"})
 _OBSERVED_DIGITS = 3  # significant digits of status.observed: finer noise would rewrite status every tick
 
 
@@ -268,10 +269,8 @@ def pod_counts(pods: Sequence[Mapping[str, Any]]) -> PodCounts:
     return PodCounts(frozenset(ready), starting, pending, reason)
 
 
-def _significant(x: float | None) -> float | None:
-    if x is None:
-        return None
-    return float(f"{x:.{_OBSERVED_DIGITS}g}")
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else significant(x, _OBSERVED_DIGITS)
 
 
 def observed_status(signals: ModelSignals) -> dict[str, float | None] | None:
@@ -282,11 +281,11 @@ def observed_status(signals: ModelSignals) -> dict[str, float | None] | None:
     if signals.state == SignalState.UNKNOWN:
         return None
     return {
-        "requestRate": _significant(signals.request_rate_rps),
-        "avgBatchSize": _significant(signals.avg_batch_size),
-        "batchFill": _significant(signals.batch_fill),
-        "queueTimeMs": _significant(signals.queue_time_ms),
-        "p99Ms": _significant(signals.p99_ms),
+        "requestRate": _rounded(signals.request_rate_rps),
+        "avgBatchSize": _rounded(signals.avg_batch_size),
+        "batchFill": _rounded(signals.batch_fill),
+        "queueTimeMs": _rounded(signals.queue_time_ms),
+        "p99Ms": _rounded(signals.p99_ms),
     }
 
 
@@ -296,7 +295,8 @@ class ScaleTick:
     object's resourceVersion as a precondition); only if that succeeded, scale the Deployment to ``scale_to``
     and post ``events`` (type, reason, message). A status write that loses the race changes nothing.
 
-    ``holding`` is the number of pods that hold their GPUs now (scheduled, not Pending), for GPU-hours.
+    ``holding`` is the number of pods that hold their GPUs now (scheduled, not Pending), for GPU-hours;
+    ``monitored``: the ServiceMonitor child is known to exist (the caller passes it back to skip the check).
     """
 
     status: dict[str, Any]
@@ -306,8 +306,10 @@ class ScaleTick:
     ready: int = 0
     holding: int = 0
     desired: Desired | None = None
+    deployment: str = ""
     scale_to: int | None = None
     events: tuple[tuple[str, str, str], ...] = ()
+    monitored: bool = False
 
 
 def scale_tick(
@@ -317,6 +319,7 @@ def scale_tick(
     history: tuple[Recommendation, ...],
     *,
     now: float,
+    monitored: bool = False,
 ) -> ScaleTick:
     """Status refresh and one scaling decision for a planned BatchedModel (gather -> decide; the caller acts).
 
@@ -331,6 +334,7 @@ def scale_tick(
     Events: a scale action; a decision reason different from ``status.lastScaleReason``; and
     ``HoldMetricsUnknown`` once per change of the MetricsAvailable=False reason (a Warning for Prometheus
     trouble, Normal for pods not scraped yet). Status holds only the fields that differ from the stored ones.
+    ``monitored`` (from the previous tick's result) skips looking for the ServiceMonitor child again.
     """
     meta = body["metadata"]
     status: Mapping[str, Any] = body.get("status") or {}
@@ -342,16 +346,17 @@ def scale_tick(
     except SpecError:
         return ScaleTick({})
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
-    # prometheus-operator installed after the BatchedModel: its ServiceMonitor appears on the next ticks
-    if (
-        kube.has_kind(*SERVICE_MONITOR)
-        and kube.get(*SERVICE_MONITOR, names(owner)["servicemonitor"], owner.namespace) is None
-    ):
-        _apply_service_monitor(kube, owner)
+    # prometheus-operator installed after the BatchedModel: its ServiceMonitor appears on the next ticks; once
+    # seen, it is not looked for again (one GET per model per tick would be the loop's largest cost)
+    if not monitored and kube.has_kind(*SERVICE_MONITOR):
+        if kube.get(*SERVICE_MONITOR, names(owner)["servicemonitor"], owner.namespace) is None:
+            _apply_service_monitor(kube, owner)
+        monitored = kube.has_kind(*SERVICE_MONITOR)
     dep_name = names(owner)["deployment"]
     deployment = kube.get("apps/v1", "Deployment", dep_name, owner.namespace)
     if deployment is None:  # the create/update handler makes it; nothing to scale yet
-        return ScaleTick(changed_fields(status, desired_status(body, desired, None, now=now)), desired=desired)
+        wanted_now = desired_status(body, desired, None, now=now)
+        return ScaleTick(changed_fields(status, wanted_now), desired=desired, monitored=monitored)
     pods = pod_counts(kube.list_pods(owner.namespace, selector_labels(owner)))
     spec, plan = desired.spec, desired.plan_status
     target = SignalTarget(owner.namespace, owner.name, spec.model.name, plan.maxBatchSize, pods.ready)
@@ -408,8 +413,10 @@ def scale_tick(
         ready=len(pods.ready),
         holding=len(pods.ready) + pods.starting,
         desired=desired,
+        deployment=dep_name,
         scale_to=target_replicas if (restored is not None or decision.apply) else None,
         events=tuple(events),
+        monitored=monitored,
     )
 
 

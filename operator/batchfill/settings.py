@@ -36,6 +36,12 @@ class OperatorSettings(BaseModel):
     max_workers: int = Field(default=8, ge=1, le=256)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
 
+    @property
+    def exact_namespaces(self) -> tuple[str, ...]:
+        """``namespaces`` when every entry is a plain name (no kopf glob ``*``, ``?``, ``!``, ``,``), else ()."""
+        exact = all(not any(c in n for c in "*?!,") for n in self.namespaces)
+        return self.namespaces if exact else ()
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorSettings:
         """Settings from ``BATCHFILL_*`` variables, then ``overrides`` (None values ignored)."""

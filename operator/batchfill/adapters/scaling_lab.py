@@ -60,7 +60,7 @@ from batchfill.adapters.prometheus_local import LocalPrometheus, ScrapeTarget
 from batchfill.adapters.triton_local import LOOPBACK, LocalTriton, free_port
 from batchfill.api.spec import BatchedModelSpec, ScalingSpec
 from batchfill.api.status import PlanStatus
-from batchfill.policy.plan import plan_batching
+from batchfill.policy.plan import plan_batching, replicas_for
 from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Replicas, ScalingInput, decide
 from batchfill.policy.signals import ModelSignals
 from batchfill.render import config_with_parameters, render_model_config
@@ -370,11 +370,11 @@ class LabResult:
 
     def need_at(self, t: float) -> int:
         """``ceil(λ(t) / (u·C))`` of the *offered* rate, bounded by min/max (DESIGN §3)."""
-        return need_for(self.schedule.rate_at(t), self.per_replica_rps, self.config.scaling)
+        return need_for(self.schedule.rate_at(t), self.capacity_rps, self.config.scaling)
 
     @property
     def peak_need(self) -> int:
-        return need_for(self.schedule.peak_rps, self.per_replica_rps, self.config.scaling)
+        return need_for(self.schedule.peak_rps, self.capacity_rps, self.config.scaling)
 
     def current_at(self, t: float) -> int:
         return sum(1 for s in self.servers if s.alive_at(t))
@@ -444,9 +444,9 @@ def _distinct_free_ports(n: int) -> list[int]:
     return ports
 
 
-def need_for(rate_rps: float, per_replica_rps: float, scaling: ScalingSpec) -> int:
-    n = math.ceil(rate_rps / per_replica_rps - 1e-9) if per_replica_rps > 0 else scaling.minReplicas
-    return max(scaling.minReplicas, min(scaling.maxReplicas, n))
+def need_for(rate_rps: float, capacity_rps: float, scaling: ScalingSpec) -> int:
+    """The load-proportional count for ``rate_rps`` (:func:`batchfill.policy.plan.replicas_for`)."""
+    return replicas_for(rate_rps, capacity_rps, scaling.targetUtilization, scaling.minReplicas, scaling.maxReplicas)
 
 
 # -- the lab ------------------------------------------------------------------------------------------------------
@@ -909,7 +909,7 @@ def lower_bound_replica_seconds(result: LabResult) -> float:
 
 def ideal_replica_seconds(result: LabResult) -> float:
     """∫ need(t) dt: an autoscaler at ``u·C`` per replica that reacted instantly (bounded by min/max)."""
-    return result.schedule.integral(lambda r: float(need_for(r, result.per_replica_rps, result.config.scaling)))
+    return result.schedule.integral(lambda r: float(need_for(r, result.capacity_rps, result.config.scaling)))
 
 
 @dataclass(frozen=True)

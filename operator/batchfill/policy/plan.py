@@ -146,7 +146,7 @@ class PlanResult:
             seed = SeedRule(
                 maxBatchSize=self.seed_rule.max_batch_size,
                 maxQueueDelayMicroseconds=self.seed_rule.max_queue_delay_us,
-                capacityPerReplicaRps=_significant(self.seed_rule.capacity_rps),
+                capacityPerReplicaRps=significant(self.seed_rule.capacity_rps),
             )
         return PlanStatus(
             maxBatchSize=c.max_batch_size,
@@ -155,7 +155,7 @@ class PlanResult:
             instanceCount=self.instance_count,
             minimumSlotUtilization=self.minimum_slot_utilization,
             serverBudgetMs=round(self.server_budget_ms, 3),
-            capacityPerReplicaRps=_significant(c.capacity_rps),
+            capacityPerReplicaRps=significant(c.capacity_rps),
             # floor, so a p99 that meets the budget never rounds above it
             predictedP99Ms=math.floor(c.p99_ms * 100) / 100,
             minClientTimeoutMs=round(self.min_client_timeout_ms, 2),
@@ -165,7 +165,7 @@ class PlanResult:
         )
 
 
-def _significant(x: float, digits: int = 4) -> float:
+def significant(x: float, digits: int = 4) -> float:
     """``x`` to ``digits`` significant digits (a tiny capacity must not round to 0)."""
     return float(f"{x:.{digits}g}")
 
