@@ -160,6 +160,63 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_USAGE if failed else EXIT_OK
 
 
+def cmd_simulate(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """A BatchedModel against a trace under batchfill's policy and the baselines (fleet simulator)."""
+    from batchfill.compare.run import CompareError, Options
+    from batchfill.simulate import TraceOptions, parse_duration, run_simulation
+
+    try:
+        docs = parse_documents(_read(args.file))
+        if len(docs) != 1:
+            _err(err, f"{args.file}: `batchfill simulate` takes one BatchedModel, found {len(docs)} documents")
+            return EXIT_USAGE
+        bm = load_model(docs[0])
+    except OSError as e:
+        _err(err, f"{args.file}: cannot read: {e.strerror or e}")
+        return EXIT_USAGE
+    except SpecError as e:
+        for p in e.problems:
+            _err(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    try:
+        numbers = {"--mean-rps": args.mean_rps, "--peak-rps": args.peak_rps, "--startup": args.startup}
+        for flag, value in numbers.items():
+            if value is not None and not (value >= 0 and value != float("inf")):
+                raise ValueError(f"{flag}={value} must be a finite number >= 0")
+        trace_opts = TraceOptions(
+            kind=args.trace,
+            mean_rps=args.mean_rps,
+            duration_s=parse_duration(args.duration) if args.duration else None,
+            peak_to_trough=args.peak_to_trough,
+            cv=args.cv,
+            peak_rps=args.peak_rps,
+            start_s=parse_duration(args.start) if args.start else None,
+            length_s=parse_duration(args.length) if args.length else None,
+            rates_file=args.rates,
+            seed=args.seed,
+        )
+        options = Options(startup_s=args.startup, hpa_gpu_target=args.hpa_gpu_target / 100.0, seed=args.seed)
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        run_simulation(
+            bm.spec,
+            trace_opts,
+            policies,
+            options,
+            out,
+            err,
+            plot=None if args.plot == "" else Path(args.plot),
+            json_path=Path(args.json) if args.json else None,
+        )
+    except SpecError as e:
+        for p in e.problems:
+            _err(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    except (CompareError, ValueError) as e:
+        _err(err, f"{args.file}: {e}")
+        return EXIT_USAGE
+    return EXIT_OK
+
+
 def cmd_crd(args: argparse.Namespace, out: Console, err: Console) -> int:
     from batchfill.api.crd import render_crd_yaml
 
@@ -336,6 +393,39 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--cpu-nodes", type=int, default=0, help="fake nodes without GPUs (default 0)")
     d.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
     d.set_defaults(func=cmd_dev_cluster)
+
+    from batchfill.compare.run import POLICIES
+    from batchfill.simulate import TRACES
+
+    sim = sub.add_parser(
+        "simulate",
+        help="GPU-hours and SLO attainment of batchfill's autoscaling against HPA, KEDA, static peak and the lower "
+        "bound, on a simulated fleet and trace",
+    )
+    sim.add_argument("file", help="BatchedModel YAML with spec.profile")
+    sim.add_argument("--trace", choices=TRACES, default="diurnal", help="traffic shape (default diurnal)")
+    sim.add_argument(
+        "--mean-rps",
+        type=float,
+        default=None,
+        help="mean (spike/step: base) rate, req/s (default 40%% of maxReplicas x capacity)",
+    )
+    sim.add_argument("--duration", default=None, help="trace length: 3600, 90m, 24h (default 24h diurnal, else 1h)")
+    sim.add_argument("--peak-to-trough", type=float, default=5.0, help="diurnal peak/trough ratio (default 5)")
+    sim.add_argument("--cv", type=float, default=4.0, help="bursty: CV of Gamma inter-arrival times (default 4)")
+    sim.add_argument("--peak-rps", type=float, default=None, help="spike/step: peak rate, req/s (default 3 x mean)")
+    sim.add_argument("--start", default=None, help="spike/step: start time (default a third of the trace)")
+    sim.add_argument("--length", default=None, help="spike: length (default a sixth of the trace)")
+    sim.add_argument("--rates", default=None, help="replay: per-minute rate file (req/s per line, or minute,rps)")
+    sim.add_argument(
+        "--policies", default=",".join(POLICIES), help=f"comma-separated, from {', '.join(POLICIES)} (default all)"
+    )
+    sim.add_argument("--startup", type=float, default=60.0, help="replica start-up to Ready, s (default 60)")
+    sim.add_argument("--hpa-gpu-target", type=float, default=80.0, help="hpa-gpu utilization target, %% (default 80)")
+    sim.add_argument("--plot", default="batchfill-simulate.png", help="PNG to write ('' for none)")
+    sim.add_argument("--json", default=None, help="also write the figures as JSON here")
+    sim.add_argument("--seed", type=int, default=0, help="seed of the trace and the planner (default 0)")
+    sim.set_defaults(func=cmd_simulate)
 
     c = sub.add_parser("crd", help="print the BatchedModel CustomResourceDefinition (YAML)")
     c.set_defaults(func=cmd_crd)

@@ -1,0 +1,186 @@
+"""Autoscalers for the fleet simulator: batchfill's own policy and the baselines it is measured against.
+
+* :class:`BatchfillAutoscaler` calls :func:`batchfill.policy.scaling.decide`, the code the operator runs, with
+  signals built from the simulated window exactly as the operator's Prometheus adapter builds them.
+* :class:`HorizontalPodAutoscaler` follows the documented algorithm of the Kubernetes HPA (autoscaling/v2,
+  kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/ and pkg/controller/podautoscaler's
+  replica calculator): ``desired = ceil(current · metric / target)``; a ratio within 10 % keeps the count;
+  scale-up at most ``max(100 %, 4 pods)`` per 15 s period (the default ``behavior.scaleUp``), no scale-up
+  stabilization; scale-down to the highest recommendation of the last 300 s (default
+  ``behavior.scaleDown.stabilizationWindowSeconds``), at most 100 % per period. A metric that cannot be computed
+  (a queue time without requests, KEDA's query returning no value) keeps the count, as the HPA does when a
+  metric fetch fails. Three metric sources are provided:
+
+  - :func:`gpu_utilization_metric`: a ``Pods`` metric with ``averageValue`` (DCGM_FI_DEV_GPU_UTIL through
+    prometheus-adapter, averaged over 1 min): the mean over running pods, starting pods reporting 0 as DCGM does
+    for a GPU that is loading a model; ``desired = ceil(n_pods · mean / target)``.
+  - :func:`request_rate_metric`: KEDA's Prometheus scaler with the default ``AverageValue``, query
+    ``sum(rate(nv_inference_request_success[1m]))``: an external metric divided by the per-replica target,
+    ``desired = ceil(total / target)``, tolerance against ``status.replicas``.
+  - :func:`queue_time_metric`: KEDA's Prometheus scaler with ``metricType: Value`` on
+    ``sum(increase(nv_inference_queue_duration_us[1m])) / sum(increase(nv_inference_request_success[1m]))``:
+    ``desired = ceil(ready · value / target)``.
+
+* :class:`StaticAutoscaler`: a fixed count (static provisioning).
+
+Pure: decisions depend only on the observations passed in, in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from batchfill.api.spec import ScalingSpec
+from batchfill.api.status import PlanStatus
+from batchfill.policy.scaling import PlanNumbers, Recommendation, Replicas, ScalingInput, decide
+from batchfill.policy.signals import ModelSignals, SignalState
+from batchfill.sim.fleet import Observation, ScaleDecision
+
+#: HPA defaults (kube-controller-manager and autoscaling/v2 behavior).
+HPA_SYNC_PERIOD_S = 15.0
+HPA_TOLERANCE = 0.1
+HPA_SCALE_DOWN_STABILIZATION_S = 300.0
+HPA_SCALE_UP_PERCENT = 100
+HPA_SCALE_UP_PODS = 4
+
+
+@dataclass
+class BatchfillAutoscaler:
+    """batchfill's scaling policy (``policy.scaling.decide``) fed with the simulated signals.
+
+    Args:
+        plan: ``status.plan`` of the BatchedModel.
+        scaling: ``spec.scaling``.
+    """
+
+    plan: PlanStatus
+    scaling: ScalingSpec
+    name: str = "batchfill"
+    history: tuple[Recommendation, ...] = ()
+
+    def decide(self, obs: Observation) -> ScaleDecision:
+        signals = signals_from(obs, self.plan.maxBatchSize)
+        replicas = Replicas(current=obs.current, ready=obs.ready, starting=obs.starting)
+        d = decide(
+            ScalingInput(obs.now_s, signals, PlanNumbers.from_status(self.plan), self.scaling, replicas, self.history)
+        )
+        self.history = d.history
+        return ScaleDecision(d.desired_replicas, d.reason)
+
+
+def signals_from(obs: Observation, max_batch_size: int) -> ModelSignals:
+    """The operator's :class:`ModelSignals` for one observation: Ok with traffic, Idle without (the simulated
+    series always exist, so never Unknown). One sample per request, so the inference rate is the request rate."""
+    if obs.completed == 0:
+        return ModelSignals(
+            state=SignalState.IDLE,
+            window_s=obs.window_s,
+            pods=obs.ready,
+            request_rate_rps=0.0,
+            inference_rate_rps=0.0,
+            pending_requests=float(obs.pending_requests),
+        )
+    fill = None
+    if obs.avg_batch_size is not None and max_batch_size > 0:
+        fill = min(1.0, obs.avg_batch_size / max_batch_size)
+    return ModelSignals(
+        state=SignalState.OK,
+        window_s=obs.window_s,
+        pods=obs.ready,
+        request_rate_rps=obs.request_rate_rps,
+        inference_rate_rps=obs.request_rate_rps,
+        avg_batch_size=obs.avg_batch_size,
+        batch_fill=fill,
+        queue_time_ms=obs.queue_time_ms,
+        p99_ms=obs.p99_ms,
+        pending_requests=float(obs.pending_requests),
+    )
+
+
+#: A metric source: the observation -> the raw recommendation before tolerance (None: no value) and the
+#: usage ratio the tolerance applies to.
+MetricSource = Callable[[Observation], tuple[float, float] | None]
+
+
+def gpu_utilization_metric(target_fraction: float) -> MetricSource:
+    """HPA ``Pods`` metric, target ``averageValue`` GPU busy fraction (0-1): returns (desired, ratio)."""
+
+    def source(obs: Observation) -> tuple[float, float] | None:
+        if obs.gpu_utilization is None or obs.current == 0:
+            return None
+        ratio = obs.gpu_utilization / target_fraction
+        return ratio * obs.current, ratio
+
+    return source
+
+
+def request_rate_metric(target_rps_per_replica: float) -> MetricSource:
+    """KEDA Prometheus scaler, ``AverageValue`` (HPA external metric per pod): returns (desired, ratio)."""
+
+    def source(obs: Observation) -> tuple[float, float] | None:
+        total = obs.request_rate_rps
+        ratio = total / (target_rps_per_replica * obs.current) if obs.current else math.inf
+        return total / target_rps_per_replica, ratio
+
+    return source
+
+
+def queue_time_metric(target_ms: float) -> MetricSource:
+    """KEDA Prometheus scaler, ``metricType: Value`` on the mean queue time: returns (desired, ratio)."""
+
+    def source(obs: Observation) -> tuple[float, float] | None:
+        if obs.queue_time_ms is None:
+            return None
+        ratio = obs.queue_time_ms / target_ms
+        return ratio * obs.ready, ratio
+
+    return source
+
+
+@dataclass
+class HorizontalPodAutoscaler:
+    """The Kubernetes HPA algorithm (module docstring) on one metric source."""
+
+    name: str
+    metric: MetricSource
+    min_replicas: int
+    max_replicas: int
+    tolerance: float = HPA_TOLERANCE
+    scale_down_stabilization_s: float = HPA_SCALE_DOWN_STABILIZATION_S
+    recommendations: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def decide(self, obs: Observation) -> ScaleDecision:
+        current = obs.current
+        value = self.metric(obs)
+        if current == 0:
+            return ScaleDecision(current, "ScalingDisabled")  # the HPA does not act on a Deployment at 0
+        if value is None:
+            return ScaleDecision(current, "FailedGetMetric")
+        raw, ratio = value
+        rec = current if abs(ratio - 1.0) <= self.tolerance else math.ceil(raw - 1e-9)
+        rec = max(self.min_replicas, min(self.max_replicas, rec))
+        # scale-down stabilization: the highest recommendation of the window (this one included)
+        self.recommendations.append((obs.now_s, rec))
+        while self.recommendations and self.recommendations[0][0] <= obs.now_s - self.scale_down_stabilization_s:
+            self.recommendations.popleft()
+        if rec < current:
+            stabilized = min(current, max(r for _, r in self.recommendations))
+            return ScaleDecision(stabilized, "ScaleDown" if stabilized < current else "ScaleDownStabilized")
+        if rec > current:
+            limit = max(current + current * HPA_SCALE_UP_PERCENT // 100, current + HPA_SCALE_UP_PODS)
+            return ScaleDecision(min(rec, limit), "ScaleUp" if rec <= limit else "ScaleUpLimited")
+        return ScaleDecision(current, "WithinTolerance")
+
+
+@dataclass
+class StaticAutoscaler:
+    """A fixed replica count."""
+
+    replicas: int
+    name: str = "static"
+
+    def decide(self, obs: Observation) -> ScaleDecision:
+        return ScaleDecision(self.replicas, "Static")

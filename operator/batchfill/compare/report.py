@@ -1,0 +1,240 @@
+"""Tables, targets and the plot of a :class:`~batchfill.compare.run.Comparison` (pure: no file is written here).
+
+The targets are those of the cost benchmark (issue 5): batchfill within 1.15 x the whole-replica lower bound with
+at least 99.9 % of requests within the SLA, at least 40 % fewer GPU-hours than static peak provisioning, and
+fewer GPU-hours than the HPA on GPU utilization at equal or better SLO attainment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from matplotlib.figure import Figure
+
+from batchfill.compare.run import Comparison
+from batchfill.sim.fleet import FleetRun
+
+#: Targets of the cost benchmark.
+MAX_LOWER_BOUND_RATIO = 1.15
+MIN_SLO_ATTAINMENT = 0.999
+MIN_SAVING_VS_STATIC = 0.40
+#: SLO attainments closer than this count as equal (0.01 percentage points: a tenth of the 0.1 % error budget of a
+#: 99.9 % SLO); a single late request among a million must not decide a comparison.
+SLO_EQUAL_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the comparison table; ``None`` where a value does not apply."""
+
+    policy: str
+    gpu_hours: float
+    vs_lower_bound: float | None
+    vs_static: float | None
+    slo_attainment: float | None
+    goodput_per_gpu_rps: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    scale_events: int | None
+    peak_replicas: int | None
+
+
+def rows(c: Comparison) -> list[Row]:
+    """The simulated policies, then the two lower bounds (analytic, not simulated)."""
+    lb = c.lower_bound_gpu_seconds
+    static = c.static_replicas * c.setup.gpus_per_replica * c.duration_s
+    out = []
+    for r in c.runs:
+        out.append(
+            Row(
+                policy=r.policy,
+                gpu_hours=r.gpu_hours,
+                vs_lower_bound=r.gpu_seconds / lb if lb > 0 else None,
+                vs_static=r.gpu_seconds / static if static > 0 else None,
+                slo_attainment=r.slo_attainment,
+                goodput_per_gpu_rps=r.goodput_per_gpu_rps,
+                p50_ms=r.latency_quantile_ms(0.5),
+                p99_ms=r.latency_quantile_ms(0.99),
+                scale_events=r.scale_events,
+                peak_replicas=r.peak_replicas,
+            )
+        )
+    for name, gpu_s in (("lower bound", lb), ("lower bound, fractional", c.fractional_bound_gpu_seconds)):
+        out.append(
+            Row(
+                name,
+                gpu_s / 3600.0,
+                gpu_s / lb if lb > 0 else None,
+                gpu_s / static if static > 0 else None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target: met or not, with the measured figure and, when missed, by how much."""
+
+    target: str
+    met: bool
+    measured: str
+
+
+def checks(c: Comparison) -> list[Check]:
+    """The benchmark's targets that the policies present in ``c`` allow to evaluate."""
+    ours = c.run("batchfill")
+    if ours is None:
+        return []
+    out: list[Check] = []
+    lb = c.lower_bound_gpu_seconds
+    if lb > 0:
+        ratio = ours.gpu_seconds / lb
+        out.append(
+            Check(
+                f"GPU-hours <= {MAX_LOWER_BOUND_RATIO:g} x lower bound",
+                ratio <= MAX_LOWER_BOUND_RATIO,
+                f"{ratio:.3f} x"
+                + ("" if ratio <= MAX_LOWER_BOUND_RATIO else f" (missed by {ratio - MAX_LOWER_BOUND_RATIO:.3f})"),
+            )
+        )
+    out.append(
+        Check(
+            f"SLO attainment >= {MIN_SLO_ATTAINMENT:.1%}",
+            ours.slo_attainment >= MIN_SLO_ATTAINMENT,
+            f"{ours.slo_attainment:.4%}"
+            + (
+                ""
+                if ours.slo_attainment >= MIN_SLO_ATTAINMENT
+                else f" (missed by {MIN_SLO_ATTAINMENT - ours.slo_attainment:.4%})"
+            ),
+        )
+    )
+    static = c.static_replicas * c.setup.gpus_per_replica * c.duration_s
+    if static > 0:
+        saving = 1.0 - ours.gpu_seconds / static
+        out.append(
+            Check(
+                f">= {MIN_SAVING_VS_STATIC:.0%} fewer GPU-hours than static peak ({c.static_replicas} replicas)",
+                saving >= MIN_SAVING_VS_STATIC,
+                f"{saving:.1%} fewer"
+                + ("" if saving >= MIN_SAVING_VS_STATIC else f" (missed by {MIN_SAVING_VS_STATIC - saving:.1%})"),
+            )
+        )
+    hpa = c.run("hpa-gpu")
+    if hpa is not None:
+        fewer = ours.gpu_seconds < hpa.gpu_seconds
+        as_good = ours.slo_attainment >= hpa.slo_attainment - SLO_EQUAL_TOLERANCE
+        out.append(
+            Check(
+                "fewer GPU-hours than HPA on GPU utilization at equal (within 0.01 pp) or better SLO attainment",
+                fewer and as_good,
+                f"{ours.gpu_hours:.2f} vs {hpa.gpu_hours:.2f} GPU-h ({ours.gpu_seconds / hpa.gpu_seconds:.3f} x), "
+                f"SLO {ours.slo_attainment:.4%} vs {hpa.slo_attainment:.4%}",
+            )
+        )
+    return out
+
+
+def _fmt(value: float | int | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def table_cells(row: Row) -> list[str]:
+    """The row as text cells, in the order of :data:`COLUMNS`."""
+    return [
+        row.policy,
+        f"{row.gpu_hours:.2f}",
+        _fmt(row.vs_lower_bound, ".3f"),
+        _fmt(row.vs_static, ".3f"),
+        "" if row.slo_attainment is None else f"{row.slo_attainment:.4%}",
+        _fmt(row.goodput_per_gpu_rps, ".1f"),
+        _fmt(row.p50_ms, ".1f"),
+        _fmt(row.p99_ms, ".1f"),
+        _fmt(row.scale_events, "d"),
+        _fmt(row.peak_replicas, "d"),
+    ]
+
+
+COLUMNS = (
+    "policy",
+    "GPU-h",
+    "x LB",
+    "x static",
+    "in SLA",
+    "good/GPU",
+    "p50 ms",
+    "p99 ms",
+    "events",
+    "peak",
+)
+#: What the short column names mean (printed under the table and in the report).
+COLUMN_LEGEND = (
+    "GPU-h: GPU-hours held; x LB: against the whole-replica lower bound; x static: against static peak "
+    "provisioning; in SLA: requests within the server budget T; good/GPU: those requests per GPU-second (req/s); "
+    "events: replica changes; peak: most replicas at once"
+)
+
+
+def markdown_table(c: Comparison) -> str:
+    """The comparison table in GitHub markdown."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows(c)]
+    return "\n".join(lines)
+
+
+def _hours(run: FleetRun) -> npt.NDArray[np.float64]:
+    return np.array([k.t_s for k in run.ticks], dtype=np.float64) / 3600.0
+
+
+def figure(c: Comparison, title: str = "") -> Figure:
+    """Load, replicas per policy and p99 per tick against the budget T (three stacked panels)."""
+    fig = Figure(figsize=(11, 9), layout="constrained")
+    ax_load, ax_rep, ax_p99 = fig.subplots(3, 1, sharex=True)
+    budget = c.setup.plan.serverBudgetMs
+    if c.runs:
+        hours = _hours(c.runs[0])
+        ax_load.plot(hours, [k.offered_rps for k in c.runs[0].ticks], color="black", linewidth=0.8)
+    ax_load.set_ylabel("arrival rate (req/s)")
+    ax_load.set_title(title or c.trace_description, fontsize=10)
+    # the whole-replica lower bound per minute, for reference
+    minutes = c.runs[0].arrivals_per_minute if c.runs else np.zeros(0)
+    if len(minutes):
+        need = np.ceil(minutes / 60.0 / c.setup.capacity_rps - 1e-9)
+        ax_rep.step(
+            np.arange(len(minutes)) / 60.0,
+            need,
+            where="post",
+            color="grey",
+            linestyle=":",
+            label="lower bound ceil(λ/C)",
+        )
+    # a policy far off the others (a bang-bang controller at maxReplicas) would flatten every other line:
+    # the axes stop at 1.4 x static peak and 20 x T, and such a policy is drawn faint and labelled off scale
+    rep_top = 1.4 * max(c.static_replicas, 1)
+    p99_top = 20.0 * budget
+    for r in c.runs:
+        hours = _hours(r)
+        off = r.peak_replicas > rep_top
+        label = f"{r.policy} (up to {r.peak_replicas}, off scale)" if off else r.policy
+        style = {"linewidth": 0.5, "alpha": 0.35} if off else {"linewidth": 1.0}
+        ax_rep.step(hours, [k.current for k in r.ticks], where="post", label=label, **style)
+        p99 = [np.nan if k.p99_ms is None else k.p99_ms for k in r.ticks]
+        ax_p99.plot(hours, p99, label=r.policy, **({"linewidth": 0.5, "alpha": 0.35} if off else {"linewidth": 0.7}))
+    ax_rep.set_ylim(0, rep_top)
+    ax_p99.set_ylim(top=p99_top)
+    ax_rep.set_ylabel("replicas")
+    ax_rep.legend(fontsize=8, ncol=3)
+    ax_p99.axhline(budget, color="red", linestyle="--", linewidth=1.0, label=f"T = {budget:g} ms")
+    ax_p99.set_yscale("log")
+    ax_p99.set_ylabel("p99 per tick (ms)")
+    ax_p99.set_xlabel("time (h)")
+    ax_p99.legend(fontsize=8, ncol=3)
+    return fig

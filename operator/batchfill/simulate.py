@@ -1,0 +1,193 @@
+"""`batchfill simulate`: a BatchedModel against a trace under batchfill's policy and the baselines.
+
+The edge of :mod:`batchfill.compare`: builds the trace from the options, shows a progress bar, prints the table
+and the targets, writes the PNG (and optionally JSON). Everything it prints is computed by pure code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from batchfill.api.spec import BatchedModelSpec
+from batchfill.compare.report import COLUMN_LEGEND, COLUMNS, checks, figure, rows, table_cells
+from batchfill.compare.run import POLICIES, CompareError, Comparison, Options, compare, prepare
+from batchfill.sim import traces
+
+TRACES = ("diurnal", "bursty", "spike", "step", "replay")
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|h|d)?\s*$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``24h``, ``2d`` -> seconds.
+
+    Raises:
+        ValueError: for anything else, or a duration that is not positive.
+    """
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"duration {text!r} is not a number with an optional unit s, m, h or d")
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"duration {text!r} must be positive")
+    return seconds
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """How to build the trace. Rates in req/s, times in seconds; None: the trace's default."""
+
+    kind: str = "diurnal"
+    mean_rps: float | None = None
+    duration_s: float | None = None
+    peak_to_trough: float = 5.0
+    cv: float = 4.0
+    peak_rps: float | None = None
+    start_s: float | None = None
+    length_s: float | None = None
+    rates_file: str | None = None
+    seed: int = 0
+
+
+def default_mean_rps(spec: BatchedModelSpec, capacity_rps: float) -> float:
+    """40 % of ``maxReplicas · C``: a diurnal peak (2 x the mean at peak/trough 5) stays within maxReplicas."""
+    return 0.4 * spec.scaling.maxReplicas * capacity_rps
+
+
+def build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float) -> traces.Trace:
+    """The trace the options describe.
+
+    Raises:
+        ValueError: bad parameters or an unreadable rate file (message names the option).
+    """
+    mean = opts.mean_rps if opts.mean_rps is not None else default_mean_rps(spec, capacity_rps)
+    if opts.kind == "diurnal":
+        return traces.diurnal(
+            mean, duration_s=opts.duration_s or 86_400.0, peak_to_trough=opts.peak_to_trough, seed=opts.seed
+        )
+    if opts.kind == "bursty":
+        return traces.bursty(mean, cv=opts.cv, duration_s=opts.duration_s or 3600.0, seed=opts.seed)
+    if opts.kind in ("spike", "step"):
+        duration = opts.duration_s or 3600.0
+        start = opts.start_s if opts.start_s is not None else duration / 3
+        length = opts.length_s if opts.length_s is not None else (duration / 6 if opts.kind == "spike" else duration)
+        peak = opts.peak_rps if opts.peak_rps is not None else 3.0 * mean
+        return traces.spike(mean, peak, start_s=start, length_s=length, duration_s=duration, seed=opts.seed)
+    if opts.kind == "replay":
+        if not opts.rates_file:
+            raise ValueError("--trace replay needs --rates FILE (one req/s value per minute, or 'minute,rps' lines)")
+        try:
+            text = Path(opts.rates_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--rates {opts.rates_file}: cannot read: {e}") from None
+        try:
+            rates = traces.parse_rate_file(text)
+        except ValueError as e:
+            raise ValueError(f"--rates {opts.rates_file}: {e}") from None
+        return traces.replay(rates, seed=opts.seed, name=Path(opts.rates_file).stem)
+    raise ValueError(f"--trace {opts.kind!r}: choose from {', '.join(TRACES)}")
+
+
+def print_comparison(c: Comparison, out: Console, *, targets: bool = True) -> None:
+    """The plan line, the table and (``targets``) the cost benchmark's targets, which are set for a diurnal day."""
+    st = c.setup
+    out.print(
+        f"[bold]{c.trace_description}[/bold]\n"
+        f"plan: max_batch_size {st.plan.maxBatchSize}, max_queue_delay {st.plan.maxQueueDelayMicroseconds} us, "
+        f"capacity at SLA C = {st.capacity_rps:.4g} req/s per replica ({st.gpus_per_replica} GPU), "
+        f"T = {st.plan.serverBudgetMs:g} ms; mean {c.mean_rps:.4g} req/s, peak minute {c.peak_rps:.4g} req/s\n"
+        f"baseline targets: keda-rps {st.per_replica_target_rps:.4g} req/s per replica (u*C), keda-queue "
+        f"{st.queue_ms_at_target:.3g} ms, hpa-gpu {c.options.hpa_gpu_target:.0%} (busy at u*C: "
+        f"{st.gpu_busy_at_target:.0%}); start-up {c.options.startup_s:g} s, tick {c.options.tick_s:g} s",
+        highlight=False,
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, col in enumerate(COLUMNS):
+        table.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows(c):
+        table.add_row(*table_cells(row))
+    # a pipe gets 80 columns, too few for ten: the table is printed at least 120 wide
+    wide = out if out.width >= 120 else Console(file=out.file, width=120, soft_wrap=True, no_color=out.no_color)
+    wide.print(table)
+    out.print(COLUMN_LEGEND, highlight=False, style="dim")
+    found = checks(c) if targets else []
+    if found:
+        out.print("targets of the cost benchmark (set for a diurnal day):", highlight=False)
+    for check in found:
+        mark = "[green]met[/green]" if check.met else "[red]missed[/red]"
+        out.print(f"{mark}  {check.target}: {check.measured}", highlight=False)
+
+
+def comparison_json(c: Comparison) -> dict[str, Any]:
+    """The figures of ``c`` as a JSON-ready dict."""
+    return {
+        "trace": c.trace_description,
+        "durationSeconds": c.duration_s,
+        "meanRps": c.mean_rps,
+        "peakMinuteRps": c.peak_rps,
+        "capacityPerReplicaRps": c.setup.capacity_rps,
+        "serverBudgetMs": c.setup.plan.serverBudgetMs,
+        "staticReplicas": c.static_replicas,
+        "rows": [asdict(r) for r in rows(c)],
+        "checks": [asdict(k) for k in checks(c)],
+    }
+
+
+def run_simulation(
+    spec: BatchedModelSpec,
+    trace_opts: TraceOptions,
+    policies: list[str],
+    options: Options,
+    out: Console,
+    err: Console,
+    *,
+    plot: Path | None,
+    json_path: Path | None = None,
+) -> Comparison:
+    """Prepare, build the trace, run every policy with a progress bar, print, write the plot.
+
+    Raises:
+        CompareError, ValueError: bad spec, trace options or policy names (messages name them).
+    """
+    setup = prepare(spec, seed=options.seed)
+    trace = build_trace(trace_opts, spec, setup.capacity_rps)
+    with Progress(
+        TextColumn("{task.description:>12}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}% of {task.fields[span]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        tasks = {p: bar.add_task(p, total=trace.duration_s, span=f"{trace.duration_s / 3600:g} h") for p in policies}
+
+        def progress(policy: str, t_s: float) -> None:
+            bar.update(tasks[policy], completed=t_s)
+
+        result = compare(spec, trace, policies, options, setup=setup, progress=progress)
+        for task in tasks.values():
+            bar.update(task, completed=trace.duration_s)
+    print_comparison(result, out, targets=trace_opts.kind == "diurnal")
+    if plot is not None:
+        fig = figure(result)
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(plot, dpi=110)
+        out.print(f"plot: {plot}", highlight=False)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(comparison_json(result), indent=2) + "\n", encoding="utf-8")
+        out.print(f"json: {json_path}", highlight=False)
+    return result
+
+
+__all__ = ["POLICIES", "TRACES", "CompareError", "TraceOptions", "build_trace", "parse_duration", "run_simulation"]
