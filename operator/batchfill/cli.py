@@ -183,15 +183,21 @@ def cmd_simulate(args: argparse.Namespace, out: Console, err: Console) -> int:
         for flag, value in numbers.items():
             if value is not None and not (value >= 0 and value != float("inf")):
                 raise ValueError(f"{flag}={value} must be a finite number >= 0")
+        if args.mean_rps is not None and args.mean_rps == 0:
+            raise ValueError("--mean-rps=0 must be > 0 req/s")
+        if not 0 < args.hpa_gpu_target <= 100:
+            raise ValueError(f"--hpa-gpu-target={args.hpa_gpu_target} must be a percentage in (0, 100]")
+        if args.seed < 0:
+            raise ValueError(f"--seed={args.seed} must be >= 0")
         trace_opts = TraceOptions(
             kind=args.trace,
             mean_rps=args.mean_rps,
-            duration_s=parse_duration(args.duration) if args.duration else None,
+            duration_s=parse_duration(args.duration, "--duration") if args.duration else None,
             peak_to_trough=args.peak_to_trough,
             cv=args.cv,
             peak_rps=args.peak_rps,
-            start_s=parse_duration(args.start) if args.start else None,
-            length_s=parse_duration(args.length) if args.length else None,
+            start_s=parse_duration(args.start, "--start") if args.start else None,
+            length_s=parse_duration(args.length, "--length") if args.length else None,
             rates_file=args.rates,
             seed=args.seed,
         )

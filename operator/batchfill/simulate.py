@@ -20,7 +20,7 @@ from rich.table import Table
 
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.compare.report import COLUMN_LEGEND, COLUMNS, checks, figure, rows, table_cells
-from batchfill.compare.run import POLICIES, CompareError, Comparison, Options, compare, prepare
+from batchfill.compare.run import POLICIES, CompareError, Comparison, Options, check_policies, compare, prepare
 from batchfill.sim import traces
 
 TRACES = ("diurnal", "bursty", "spike", "step", "replay")
@@ -28,18 +28,18 @@ _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|h|d)?\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag: str = "duration") -> float:
     """``90``, ``90s``, ``15m``, ``24h``, ``2d`` -> seconds.
 
     Raises:
-        ValueError: for anything else, or a duration that is not positive.
+        ValueError: for anything else, or a duration that is not positive; the message starts with ``flag``.
     """
     m = _DURATION.match(text)
     if not m:
-        raise ValueError(f"duration {text!r} is not a number with an optional unit s, m, h or d")
+        raise ValueError(f"{flag} {text!r} is not a number with an optional unit s, m, h or d")
     seconds = float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
     if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"duration {text!r} must be positive")
+        raise ValueError(f"{flag} {text!r} must be positive")
     return seconds
 
 
@@ -128,8 +128,9 @@ def print_comparison(c: Comparison, out: Console, *, targets: bool = True) -> No
         out.print(f"{mark}  {check.target}: {check.measured}", highlight=False)
 
 
-def comparison_json(c: Comparison) -> dict[str, Any]:
-    """The figures of ``c`` as a JSON-ready dict."""
+def comparison_json(c: Comparison, *, targets: bool = True) -> dict[str, Any]:
+    """The figures of ``c`` as a JSON-ready dict (``checks`` empty unless ``targets``: they are set for a
+    diurnal day)."""
     return {
         "trace": c.trace_description,
         "durationSeconds": c.duration_s,
@@ -139,7 +140,7 @@ def comparison_json(c: Comparison) -> dict[str, Any]:
         "serverBudgetMs": c.setup.plan.serverBudgetMs,
         "staticReplicas": c.static_replicas,
         "rows": [asdict(r) for r in rows(c)],
-        "checks": [asdict(k) for k in checks(c)],
+        "checks": [asdict(k) for k in checks(c)] if targets else [],
     }
 
 
@@ -159,6 +160,7 @@ def run_simulation(
     Raises:
         CompareError, ValueError: bad spec, trace options or policy names (messages name them).
     """
+    check_policies(policies)
     setup = prepare(spec, seed=options.seed)
     trace = build_trace(trace_opts, spec, setup.capacity_rps)
     with Progress(
@@ -185,7 +187,9 @@ def run_simulation(
         out.print(f"plot: {plot}", highlight=False)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(comparison_json(result), indent=2) + "\n", encoding="utf-8")
+        json_path.write_text(
+            json.dumps(comparison_json(result, targets=trace_opts.kind == "diurnal"), indent=2) + "\n", encoding="utf-8"
+        )
         out.print(f"json: {json_path}", highlight=False)
     return result
 

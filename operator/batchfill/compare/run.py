@@ -111,6 +111,7 @@ def prepare(spec: BatchedModelSpec, *, seed: int = 0) -> Setup:
 
     Raises:
         CompareError: when the spec has no profile or the plan has no capacity at SLA.
+        SpecError: (``InfeasibleSLAError``) when not even batch size 1 fits the budget; names the field.
     """
     if not spec.profile:
         raise CompareError("spec.profile is required to simulate a fleet (measure it with `batchfill profile`)")
@@ -220,6 +221,15 @@ class Comparison:
         return next((r for r in self.runs if r.policy == policy), None)
 
 
+def check_policies(policies: Sequence[str]) -> None:
+    """Raises CompareError naming the first unknown policy and the choices."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise CompareError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    if not policies:
+        raise CompareError(f"no policy given; choose from {', '.join(POLICIES)}")
+
+
 def compare(
     spec: BatchedModelSpec,
     trace: Trace,
@@ -245,9 +255,7 @@ def compare(
     opts = options or Options()
     if not 0 < opts.hpa_gpu_target <= 1:
         raise CompareError(f"hpa_gpu_target={opts.hpa_gpu_target} must be in (0, 1]")
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise CompareError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
+    check_policies(policies)
     st = setup or prepare(spec, seed=opts.seed)
     minutes = arrivals_per_minute(trace)
     rates = _minute_rates(minutes, trace.duration_s)

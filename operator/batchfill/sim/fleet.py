@@ -225,7 +225,8 @@ class FleetRun:
         total = int(counts.sum())
         if total == 0:
             return None
-        idx = int(np.searchsorted(np.cumsum(counts), math.ceil(q * total), side="left"))
+        # the rank of the q-quantile, at least the first request (q = 0 is the smallest latency)
+        idx = int(np.searchsorted(np.cumsum(counts), max(1, math.ceil(q * total)), side="left"))
         return HIST_LOW_MS * math.exp((idx + 1) * math.log1p(HIST_RESOLUTION))
 
 

@@ -290,11 +290,21 @@ def replay(rates_per_minute_rps: Sequence[float], *, seed: int = 0, name: str = 
     )
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_rate_file(text: str) -> list[float]:
     """Per-minute rates from a rate file: one value per line in req/s, or CSV ``minute,rps`` lines.
 
-    Blank lines and lines starting with ``#`` are skipped; a header line whose last field is not a number is
-    skipped when it is the first data line. CSV minutes must count 0, 1, 2, ... without gaps.
+    Blank lines and lines starting with ``#`` are skipped; a CSV header (the first data line, with a comma and no
+    field that is a number, e.g. ``minute,rps``) is skipped. A plain one-value line that is not a number is an
+    error, even first: a typo must not shift the replay by a minute. CSV minutes must count 0, 1, 2, ... without
+    gaps.
 
     Raises:
         ValueError: naming the line number and its content when a line cannot be read.
@@ -309,7 +319,7 @@ def parse_rate_file(text: str) -> list[float]:
         try:
             value = float(fields[-1])
         except ValueError:
-            if first:
+            if first and len(fields) > 1 and not any(_is_number(f) for f in fields):
                 first = False
                 continue
             raise ValueError(f"line {lineno}: {line[:80]!r} is not a rate in req/s") from None
