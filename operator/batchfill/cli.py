@@ -223,6 +223,66 @@ def cmd_simulate(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_OK
 
 
+def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """Measure a live model's execution latency per batch size; print the profile and the plan it gives."""
+    from batchfill.profiling import ProfileError, ProfileOptions, parse_shape, run_profile
+
+    try:
+        sizes = tuple(int(b) for b in args.batch_sizes.split(",")) if args.batch_sizes else ()
+    except ValueError:
+        _err(err, f"--batch-sizes {args.batch_sizes!r} must be comma-separated integers")
+        return EXIT_USAGE
+    if any(b < 1 for b in sizes):
+        _err(err, f"--batch-sizes {args.batch_sizes!r}: every batch size must be >= 1")
+        return EXIT_USAGE
+    base = None
+    try:
+        shapes = tuple(parse_shape(s) for s in args.shape or [])
+        for flag, value in (("--latency-p99-ms", args.latency_p99_ms), ("--network-overhead-ms", args.network_ms)):
+            if value is not None and not (value >= 0 and value != float("inf")):
+                raise ValueError(f"{flag}={value} must be a finite number >= 0")
+        if args.file:
+            docs = parse_documents(_read(args.file))
+            if len(docs) != 1:
+                raise ValueError(f"{args.file}: -f takes one BatchedModel, found {len(docs)} documents")
+            load_model(docs[0])  # the document must be valid before minutes of measuring
+            base = docs[0]
+    except OSError as e:
+        _err(err, f"{args.file}: cannot read: {e.strerror or e}")
+        return EXIT_USAGE
+    except SpecError as e:
+        for p in e.problems:
+            _err(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    except ValueError as e:
+        _err(err, str(e))
+        return EXIT_USAGE
+    opts = ProfileOptions(
+        url=args.url,
+        model=args.model,
+        version=args.model_version,
+        batch_sizes=sizes,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        quantile=args.quantile,
+        shapes=shapes,
+        latency_p99_ms=args.latency_p99_ms,
+        network_overhead_ms=args.network_ms or 0.0,
+        base_document=base,
+        seed=args.seed,
+    )
+    try:
+        run_profile(opts, out, err, output=args.output)
+    except ProfileError as e:
+        _err(err, f"batchfill profile: {e}")
+        return EXIT_FAILED
+    except SpecError as e:
+        for p in e.problems:
+            _err(err, f"measured profile: {p}")
+        return EXIT_USAGE
+    return EXIT_OK
+
+
 def cmd_crd(args: argparse.Namespace, out: Console, err: Console) -> int:
     from batchfill.api.crd import render_crd_yaml
 
@@ -399,6 +459,31 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--cpu-nodes", type=int, default=0, help="fake nodes without GPUs (default 0)")
     d.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
     d.set_defaults(func=cmd_dev_cluster)
+
+    pr = sub.add_parser(
+        "profile",
+        help="measure a live Triton model's execution latency per batch size and print a profile: ready to paste",
+    )
+    pr.add_argument("--url", required=True, help="Triton HTTP endpoint, HOST:PORT (e.g. localhost:8000)")
+    pr.add_argument("--model", required=True, help="model name on that server")
+    pr.add_argument("--model-version", default="", help="model version (default: the server's choice)")
+    pr.add_argument("--batch-sizes", default=None, help="comma-separated (default: powers of 2 up to max_batch_size)")
+    pr.add_argument("--repeats", type=int, default=30, help="measured executions per batch size (default 30)")
+    pr.add_argument("--warmup", type=int, default=5, help="unmeasured requests per batch size first (default 5)")
+    pr.add_argument("--quantile", type=float, default=0.9, help="quantile that becomes the profile value (default 0.9)")
+    pr.add_argument("--shape", action="append", help="NAME=d1,d2: dims of an input with variable dims (repeatable)")
+    pr.add_argument("--latency-p99-ms", type=float, default=None, help="SLA p99, ms: also print a BatchedModel + plan")
+    pr.add_argument(
+        "--network-overhead-ms", dest="network_ms", type=float, default=None, help="SLA budget outside Triton, ms"
+    )
+    pr.add_argument(
+        "-f", "--file", default=None, help="BatchedModel to put the measured profile into (its SLA plans it)"
+    )
+    pr.add_argument(
+        "-o", "--output", choices=("table", "yaml"), default="table", help="yaml: only the document on stdout"
+    )
+    pr.add_argument("--seed", type=int, default=0, help="seed of the synthesized inputs and the planner (default 0)")
+    pr.set_defaults(func=cmd_profile)
 
     from batchfill.compare.run import POLICIES
     from batchfill.simulate import TRACES

@@ -1,0 +1,136 @@
+"""`batchfill profile` against the real tritonserver: the sleep model's profile, pasted unchanged into
+`batchfill plan`, and the errors a user meets (server down, model not ready, inputs it cannot synthesize).
+
+The sleep model executes a batch of b samples in ``alpha + beta·b`` ms plus the Python backend's input/output
+handling (test_sleep_model_profile measures that overhead at well under 3 ms on this machine), so every
+measured profile value must lie in ``[alpha + beta·b, alpha + beta·b + OVERHEAD_MS]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchfill.adapters.triton_local import LocalTriton
+from batchfill.cli import main
+
+from .conftest import load_model, sleep_config_pb, with_parameters
+
+pytestmark = pytest.mark.component
+
+ALPHA_MS = 8.0
+BETA_MS = 1.5
+MAX_BATCH = 8
+#: Input/output handling of the Python backend and scheduling noise on a shared 2-core machine, ms.
+OVERHEAD_MS = 4.0
+NAME = "profiled_sleep"
+
+
+@pytest.fixture(scope="module")
+def url(triton: LocalTriton) -> str:
+    text = with_parameters(sleep_config_pb(NAME, MAX_BATCH), alpha_ms=ALPHA_MS, beta_ms=BETA_MS)
+    load_model(triton, NAME, text, "sleep_model")
+    return triton.http_url.removeprefix("http://")
+
+
+@pytest.fixture(scope="module")
+def measured(url: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    out = tmp_path_factory.mktemp("profile") / "bm.yaml"
+    argv = [
+        "profile", "--url", url, "--model", NAME, "--repeats", "12", "--warmup", "3",
+        "--latency-p99-ms", "80", "--network-overhead-ms", "10", "-o", "yaml",
+    ]  # fmt: skip
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(argv)
+    assert code == 0
+    out.write_text(buf.getvalue(), encoding="utf-8")
+    return yaml.safe_load(buf.getvalue()), out
+
+
+def test_profile_is_alpha_plus_beta_b_for_every_power_of_two(measured: tuple[dict[str, Any], Path]) -> None:
+    doc, _ = measured
+    points = {p["batchSize"]: p["latencyMs"] for p in doc["spec"]["profile"]}
+    assert sorted(points) == [1, 2, 4, 8], points
+    for b, value in points.items():
+        nominal = ALPHA_MS + BETA_MS * b
+        assert nominal <= value <= nominal + OVERHEAD_MS, f"batch {b}: {value} ms vs nominal {nominal} ms"
+
+
+def test_document_describes_the_model_as_the_server_does(measured: tuple[dict[str, Any], Path]) -> None:
+    doc, _ = measured
+    model = doc["spec"]["model"]
+    assert model["name"] == NAME
+    assert model["backend"] == "python"
+    assert model["inputs"] == [{"name": "INPUT0", "dataType": "TYPE_FP32", "dims": [4]}]
+    assert doc["spec"]["sla"] == {"latencyP99Ms": 80.0, "networkOverheadMs": 10.0}
+    assert doc["spec"]["batching"] == {"maxBatchSize": MAX_BATCH}
+
+
+def test_plan_accepts_the_output_unchanged(
+    measured: tuple[dict[str, Any], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, path = measured
+    assert main(["plan", str(path), "-o", "json"]) == 0
+    plan = yaml.safe_load(capsys.readouterr().out)["plan"]
+    assert plan["maxBatchSize"] == MAX_BATCH
+    assert plan["capacityPerReplicaRps"] > 0
+
+
+def test_table_output_shows_spread_and_the_plan(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["profile", "--url", url, "--model", NAME, "--batch-sizes", "1,3", "--repeats", "5", "--warmup", "1",
+            "--latency-p99-ms", "80"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "p90 ms (profile)" in out
+    assert "p99/p50" in out
+    assert "- batchSize: 3" in out
+    assert "plan: max_batch_size" in out
+
+
+def test_without_an_sla_prints_the_profile_block_only(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["profile", "--url", url, "--model", NAME, "--batch-sizes", "2", "--repeats", "3", "--warmup", "1",
+            "-o", "yaml"]  # fmt: skip
+    assert main(argv) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert list(doc) == ["profile"]
+    assert doc["profile"][0]["batchSize"] == 2
+
+
+def test_server_down_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--url", "127.0.0.1:9", "--model", NAME]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("batchfill profile: cannot reach Triton at 127.0.0.1:9"), err
+
+
+def test_unknown_model_is_not_ready_exit_1(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--url", url, "--model", "nope"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"model 'nope' is not ready on {url}" in err
+
+
+def test_variable_dims_need_a_shape(triton: LocalTriton, url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    name = "profiled_variable"
+    text = sleep_config_pb(name, 4).replace("dims: 4", "dims: -1")
+    load_model(triton, name, with_parameters(text, alpha_ms=1.0, beta_ms=0.5), "sleep_model")
+    assert main(["profile", "--url", url, "--model", name, "--repeats", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "input 'INPUT0'" in err, err
+    assert "--shape INPUT0=16" in err, err
+    argv = ["profile", "--url", url, "--model", name, "--repeats", "2", "--warmup", "0", "--shape", "INPUT0=6",
+            "-o", "yaml"]  # fmt: skip
+    assert main(argv) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert [p["batchSize"] for p in doc["profile"]] == [1, 2, 4]
+
+
+def test_batch_size_above_max_batch_size_is_refused(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--url", url, "--model", NAME, "--batch-sizes", "16"]) == 1
+    assert f"batch sizes [16] are outside [1, {MAX_BATCH}]" in capsys.readouterr().err
