@@ -44,7 +44,7 @@ from batchfill.adapters.model_repo import write_model
 from batchfill.adapters.triton_local import LocalTriton
 from batchfill.adapters.triton_stats import summary_quantile_ms
 from batchfill.render import config_on_cpu, config_with_parameters
-from batchfill.render.kube import MODEL_LABEL
+from batchfill.render.kube import GRPC_PORT, HTTP_PORT, METRICS_PORT, MODEL_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
@@ -151,8 +151,15 @@ class PodTritons:
         """gRPC ``host:port`` of the servers of Ready pods (a new list each call)."""
         return list(self._endpoints)
 
-    def sync(self, ready: dict[str, str], config_pbtxt: str, console: Console) -> None:
-        """Start servers for new Ready pods, stop those of pods that went away (``ready``: pod -> node)."""
+    def sync(
+        self, ready: dict[str, str], config_pbtxt: str, console: Console, ips: Mapping[str, str] | None = None
+    ) -> None:
+        """Start servers for new Ready pods, stop those of pods that went away (``ready``: pod -> node).
+
+        A pod whose IP (``ips``) is a loopback address other than 127.0.0.1 (the dev cluster's kwok pods) gets its
+        server on that IP with Triton's standard ports, so clients reach it at ``<pod IP>:8000`` as in a real
+        cluster; otherwise the server takes free ports on 127.0.0.1.
+        """
         gone = sorted(set(self.servers) - set(ready))
         if gone:
             self._endpoints = [s.grpc_url for p, s in sorted(self.servers.items()) if p not in gone]
@@ -168,7 +175,15 @@ class PodTritons:
             shutil.rmtree(repo, ignore_errors=True)
             shutil.copytree(self.model_files, repo)
             (repo / self.model / "config.pbtxt").write_text(config)
-            server = LocalTriton(repo, log_path=self.work / pod / "tritonserver.log", startup_timeout_s=180)
+            ip = (ips or {}).get(pod, "")
+            pod_ports: dict[str, Any] = (
+                {"host": ip, "http_port": HTTP_PORT, "grpc_port": GRPC_PORT, "metrics_port": METRICS_PORT}
+                if ip.startswith("127.") and ip != "127.0.0.1"
+                else {}
+            )
+            server = LocalTriton(
+                repo, log_path=self.work / pod / "tritonserver.log", startup_timeout_s=180, **pod_ports
+            )
             with console.status(f"starting tritonserver for pod {pod} (node {ready[pod]}) ..."):
                 server.start()
             self.servers[pod] = server
@@ -180,9 +195,8 @@ class PodTritons:
 
     def stop(self) -> None:
         self._endpoints = []
-        for server in self.servers.values():
-            server.stop()
-        self.servers.clear()
+        for pod in list(self.servers):
+            self.servers.pop(pod).stop()
 
 
 def _gpu_nodes(kubeconfig: Path) -> list[str]:
@@ -196,10 +210,11 @@ def _gpu_nodes(kubeconfig: Path) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if len(line.split()) == 2 and line.split()[1] != "0"]
 
 
-def _ready_pods(core: Any, namespace: str, selector: str) -> dict[str, str]:
+def ready_pods_with_ips(core: Any, namespace: str, selector: str) -> dict[str, tuple[str, str]]:
+    """Ready, not terminating pods: name -> (node, pod IP)."""
     pods = core.list_namespaced_pod(namespace, label_selector=selector).items
     return {
-        p.metadata.name: p.spec.node_name or ""
+        p.metadata.name: (p.spec.node_name or "", p.status.pod_ip or "")
         for p in pods
         if p.metadata.deletion_timestamp is None
         and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
@@ -296,9 +311,9 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
         )
         plan = bm["status"]["plan"]
         selector = f"{MODEL_LABEL}={name}"
-        ready = _until(
+        found = _until(
             "waiting for the Triton pods to be scheduled on GPU nodes and Ready ...",
-            lambda: _ready_pods(core, ns, selector),
+            lambda: ready_pods_with_ips(core, ns, selector),
             options.timeout_s,
             console,
             lambda: _kubectl(kubeconfig, "get", "pods,events", "-n", ns, "-o", "wide", check=False),
@@ -307,7 +322,8 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
         config_pbtxt = str((configmap.data or {})["config.pbtxt"])
         tritons = PodTritons(work / "pods", model, model_files)
         stack.callback(tritons.stop)
-        tritons.sync(ready, config_pbtxt, console)
+        ready = {pod: node for pod, (node, _) in found.items()}
+        tritons.sync(ready, config_pbtxt, console, {pod: ip for pod, (_, ip) in found.items()})
 
         result = _load(tritons, ready, model, example, plan, options, console)
         _report(console, kubeconfig, ns, name, config_pbtxt, result)
@@ -319,7 +335,13 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
             )
             while True:
                 time.sleep(2.0)
-                tritons.sync(_ready_pods(core, ns, selector), config_pbtxt, console)
+                found = ready_pods_with_ips(core, ns, selector)
+                tritons.sync(
+                    {p: n for p, (n, _) in found.items()},
+                    config_pbtxt,
+                    console,
+                    {p: ip for p, (_, ip) in found.items()},
+                )
         console.log("stopping what the demo started (tritonservers, operator, control plane or demo objects) ...")
         return result
 

@@ -17,6 +17,7 @@ import fnmatch
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -24,9 +25,12 @@ import kopf
 from batchfill.adapters import operator_metrics
 from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.metrics import PrometheusSignals
+from batchfill.adapters.pod_stats import PodBatchStats, PodStatsError, read_pod_batch_stats
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.spec import GROUP, PLURAL, VERSION
-from batchfill.reconcile import SpecRejectedError, reconcile, scale_tick
+from batchfill.policy.profile_fit import BatchTotals
+from batchfill.reconcile import SpecRejectedError, changed_fields, profile_tick, ready_pod_ips, reconcile, scale_tick
+from batchfill.render.kube import Owner, selector_labels
 from batchfill.settings import OperatorSettings
 
 log = logging.getLogger("batchfill")
@@ -65,6 +69,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     operator_metrics.serve(ours.metrics_port)
     memo.scaling_loop = ScalingLoop(memo.kube, memo.signal_hub, ours)
     memo.scaling_loop.start()
+    memo.profiling_loop = ProfilingLoop(memo.kube, ours)
+    memo.profiling_loop.start()
 
 
 def _log_event(namespace: str, name: str, type_: str, reason: str, message: str) -> None:
@@ -104,6 +110,16 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int) -> No
         patch.status[key] = value
 
 
+def _watched(settings: OperatorSettings, namespace: str) -> bool:
+    """Whether ``namespace`` matches the operator's namespace patterns (kopf's glob and ``!`` exclusion)."""
+    patterns = settings.namespaces
+    if not patterns:
+        return True
+    included = any(fnmatch.fnmatchcase(namespace, p) for p in patterns if not p.startswith("!"))
+    excluded = any(fnmatch.fnmatchcase(namespace, p[1:]) for p in patterns if p.startswith("!"))
+    return included and not excluded
+
+
 class ScalingLoop:
     """Every ``interval_s``: one list of BatchedModels, one Prometheus query set, one decision per model.
 
@@ -141,14 +157,6 @@ class ScalingLoop:
                 log.exception("scaling tick failed")
             self._stop.wait(max(0.0, self.settings.reconcile_interval_s - (time.monotonic() - started)))
 
-    def _watched(self, namespace: str) -> bool:
-        patterns = self.settings.namespaces
-        if not patterns:
-            return True
-        included = any(fnmatch.fnmatchcase(namespace, p) for p in patterns if not p.startswith("!"))
-        excluded = any(fnmatch.fnmatchcase(namespace, p[1:]) for p in patterns if p.startswith("!"))
-        return included and not excluded
-
     def tick(self, now: float) -> None:
         """One pass over every BatchedModel the operator serves."""
         try:
@@ -159,7 +167,7 @@ class ScalingLoop:
         seen = set()
         for body in models:
             meta = body["metadata"]
-            if meta.get("deletionTimestamp") or not self._watched(meta["namespace"]):
+            if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
                 continue
             seen.add(meta["uid"])
             self._one(body, now)
@@ -215,11 +223,136 @@ class ScalingLoop:
         self.holding[uid] = tick.holding
 
 
+#: Per-pod timeout of a statistics read, seconds (reads run in parallel; an unreachable pod costs this once).
+PROFILE_READ_TIMEOUT_S = 2.0
+
+
+class ProfilingLoop:
+    """Every ``profile_interval_s``: Triton's batch statistics of every BatchedModel's Ready pods, the fitted
+    profile, and a re-plan when :func:`batchfill.reconcile.profile_tick` adopts it (spec.profiling).
+
+    A thread of its own, so slow or unreachable pods never delay a scaling decision; pod reads run in parallel.
+    """
+
+    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+        self.kube, self.settings = kube, settings
+        self.baselines: dict[str, dict[str, PodBatchStats]] = {}  # model uid -> pod uid -> first statistics read
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="batchfill-stats")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="batchfill-profiling", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
+        self._stop.wait(min(5.0, self.settings.profile_interval_s))
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick(time.time())
+            except Exception:  # a bug in one pass must not end profiling for good
+                log.exception("profiling pass failed")
+            self._stop.wait(max(0.0, self.settings.profile_interval_s - (time.monotonic() - started)))
+
+    def tick(self, now: float) -> None:
+        """One pass over every BatchedModel the operator serves."""
+        try:
+            models = self.kube.list_batched_models(self.settings.exact_namespaces)
+        except (KubeTemporaryError, KubePermanentError) as err:
+            log.warning("profiling pass postponed: %s", err)
+            return
+        seen = set()
+        for body in models:
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
+                continue
+            seen.add(meta["uid"])
+            try:
+                self._profile(body, now)
+            except (KubeTemporaryError, KubePermanentError) as err:
+                log.warning("profiling of %s/%s postponed: %s", meta["namespace"], meta["name"], err)
+        for uid in set(self.baselines) - seen:
+            del self.baselines[uid]
+
+    def _profile(self, body: dict[str, Any], now: float) -> None:
+        """Read Triton's batch statistics of the Ready pods; adopt a measured profile when the rule says so.
+
+        Each pod's first read is its baseline (model warm-up excluded); a pod whose counters fell (its Triton
+        restarted) is re-baselined. After an adoption the object is read again and reconciled: the new
+        config.pbtxt rolls the Deployment once.
+        """
+        meta, spec = body["metadata"], body.get("spec") or {}
+        uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
+        model = (spec.get("model") or {}).get("name")
+        if not model:
+            return
+        owner = Owner(name=name, namespace=ns, uid=uid)
+        pods = ready_pod_ips(self.kube.list_pods(ns, selector_labels(owner)))
+        bases = self.baselines.setdefault(uid, {})
+        for gone in set(bases) - {p for p, _ in pods}:
+            del bases[gone]
+        sums: dict[int, list[int]] = {}
+        read = 0
+        port = self.settings.triton_http_port
+
+        def one(ip: str) -> PodBatchStats | None:
+            try:
+                return read_pod_batch_stats(f"{ip}:{port}", model, timeout_s=PROFILE_READ_TIMEOUT_S)
+            except PodStatsError as err:
+                log.debug("statistics of %s/%s pod %s not read: %s", ns, name, ip, err)
+                return None
+
+        results = list(self.pool.map(one, [ip for _, ip in pods]))
+        for (pod_uid, _ip), stats in zip(pods, results, strict=True):
+            if stats is None:
+                continue
+            base = bases.get(pod_uid)
+            if base is None or any(stats.batches.get(b, (0, 0))[0] < n for b, (n, _) in base.batches.items()):
+                bases[pod_uid] = stats  # first sight or a restarted Triton: measure from here
+                continue
+            read += 1
+            for b, (n, total) in stats.batches.items():
+                n0, t0 = base.batches.get(b, (0, 0))
+                acc = sums.setdefault(b, [0, 0])
+                acc[0] += n - n0
+                acc[1] += total - t0
+        tick = profile_tick(body, [BatchTotals(b, n, t) for b, (n, t) in sums.items()], read, now=now)
+        if not tick.status or not self.kube.patch_status(body, tick.status):
+            return
+        for type_, reason, message in tick.events:
+            self.kube.post_event(body, type_, reason, message)
+            _log_event(ns, name, type_, reason, message)
+        if tick.replan:
+            fresh = self.kube.get_batched_model(name, ns)
+            if fresh is None:
+                return
+
+            def emit(type_: str, reason: str, message: str) -> None:
+                self.kube.post_event(fresh, type_, reason, message)
+                _log_event(ns, name, type_, reason, message)
+
+            try:
+                changed = reconcile(fresh, self.kube, now=now, emit=emit)
+            except SpecRejectedError as err:
+                # the measured profile makes the SLA infeasible: the conditions say so with the numbers, and the
+                # running pods keep their config (children are applied only for a plan that serves)
+                self.kube.patch_status(fresh, changed_fields(fresh.get("status") or {}, err.status))
+                return
+            if changed:
+                self.kube.patch_status(fresh, changed)
+
+
 @kopf.on.cleanup()
 def stop_scaling(memo: kopf.Memo, **_: Any) -> None:
-    loop = getattr(memo, "scaling_loop", None)
-    if loop is not None:
-        loop.stop()
+    for attr in ("scaling_loop", "profiling_loop"):
+        loop = getattr(memo, attr, None)
+        if loop is not None:
+            loop.stop()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

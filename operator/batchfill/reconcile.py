@@ -12,7 +12,9 @@ An invalid or infeasible spec writes its conditions, emits one Warning event per
 
 from __future__ import annotations
 
+import datetime
 import functools
+import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,12 +22,14 @@ from typing import Any
 
 from batchfill.adapters.kube import Kube, KubeNotFoundError
 from batchfill.adapters.metrics import NO_READY_PODS, NO_SERIES, SignalTarget
-from batchfill.api.errors import SpecError
-from batchfill.api.spec import BatchedModelSpec, ScalingMode
+from batchfill.api.errors import Problem, SpecError
+from batchfill.api.spec import BatchedModelSpec, ProfilePoint, ProfileSource, ScalingMode
 from batchfill.api.status import PlanStatus
 from batchfill.api.validate import load_model
 from batchfill.policy import conditions as cond
-from batchfill.policy.plan import PlanResult, plan_batching, significant
+from batchfill.policy.plan import PlanResult, first_plan, plan_batching, significant
+from batchfill.policy.profile import LatencyProfile
+from batchfill.policy.profile_fit import BatchTotals, FittedPoint, decide_replan, fit_profile
 from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Replicas, ScalingInput, decide
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render import config_hash, render_model_config
@@ -52,28 +56,76 @@ class SpecRejectedError(Exception):
         self.status = status
 
 
+#: status.plannedProfile.source values.
+DECLARED, MEASURED, FIRST_PLAN = "Declared", "Measured", "FirstPlan"
+#: A measured profile: ((batch size, latency ms), ...).
+Measured = tuple[tuple[int, float], ...]
+
+
 @dataclass(frozen=True)
 class Desired:
-    """Everything derived from the spec alone."""
+    """Everything derived from the spec (and the measured profile the plan uses, if any).
+
+    ``profile_source``: Declared (spec.profile), Measured (status.plannedProfile.points) or FirstPlan (no
+    profile yet: capacity unknown).
+    """
 
     spec: BatchedModelSpec
     plan: PlanResult
     plan_status: PlanStatus
     config: str
     config_hash: str
+    profile_source: str = DECLARED
+
+
+def profile_hash(profile: Any) -> str:
+    """A short hash of spec.profile as stored (``none`` when absent): adoption of a measured profile holds only
+    while the declared one is unchanged, so a user's new profile wins over an older measurement."""
+    if not profile:
+        return "none"
+    return hashlib.sha256(json.dumps(profile, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def adopted_profile(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Measured | None:
+    """The measured points status.plannedProfile says the plan uses, if they still apply to this spec."""
+    planned = status.get("plannedProfile") or {}
+    points = planned.get("points") or []
+    if (
+        planned.get("source") != MEASURED
+        or not points
+        or planned.get("declaredHash") != profile_hash(spec.get("profile"))
+    ):
+        return None
+    try:
+        return tuple((int(p["batchSize"]), float(p["latencyMs"])) for p in points)
+    except (KeyError, TypeError, ValueError):
+        return None  # a hand-edited status: plan from the spec
 
 
 @functools.lru_cache(maxsize=512)
-def _plan_cached(spec_json: str) -> tuple[BatchedModelSpec, PlanResult, str]:
+def _plan_cached(spec_json: str, measured: Measured | None) -> tuple[BatchedModelSpec, PlanResult, str, str]:
     bm = load_model({"apiVersion": "batchfill.io/v1alpha1", "kind": "BatchedModel", "spec": json.loads(spec_json)})
-    result = plan_batching(bm.spec)
-    return bm.spec, result, render_model_config(bm.spec, result.to_status())
+    spec = bm.spec
+    if spec.profiling.source == ProfileSource.DECLARED and not spec.profile:
+        raise SpecError([Problem("spec.profiling.source", "=Declared needs spec.profile (or use Measured)")])
+    if measured:
+        points = [ProfilePoint(batchSize=b, latencyMs=ms) for b, ms in measured]
+        result, source = plan_batching(spec.model_copy(update={"profile": points})), MEASURED
+    elif spec.profile:
+        result, source = plan_batching(spec), DECLARED
+    else:
+        result, source = first_plan(spec), FIRST_PLAN
+    return spec, result, render_model_config(spec, result.to_status()), source
 
 
-def desired_state(spec: Mapping[str, Any]) -> Desired:
-    """Validate, plan and render. Raises SpecError (field-named problems) for a spec that cannot be served."""
-    model, result, config = _plan_cached(json.dumps(spec, sort_keys=True, default=str))
-    return Desired(model, result, result.to_status(), config, config_hash(config))
+def desired_state(spec: Mapping[str, Any], measured: Measured | None = None) -> Desired:
+    """Validate, plan (from ``measured`` points when given, else spec.profile, else the first plan) and render.
+
+    Raises:
+        SpecError: field-named problems of a spec that cannot be served.
+    """
+    model, result, config, source = _plan_cached(json.dumps(spec, sort_keys=True, default=str), measured)
+    return Desired(model, result, result.to_status(), config, config_hash(config), source)
 
 
 def rejection_status(err: SpecError, status: Mapping[str, Any], generation: int | None, now: float) -> dict[str, Any]:
@@ -129,7 +181,7 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
     generation = meta.get("generation")
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     try:
-        desired = desired_state(spec)
+        desired = desired_state(spec, adopted_profile(spec, status))
     except SpecError as err:
         rejected = rejection_status(err, status, generation, now)
         previous = cond.find(status.get("conditions"), cond.PLANNED)
@@ -186,9 +238,21 @@ def desired_status(
     ready = int(dep_status.get("readyReplicas") or 0)
     total = int(dep_status.get("replicas") or 0)
     plan = desired.plan_status
+    first = desired.profile_source == FIRST_PLAN
+    settings = (
+        f"max_batch_size {plan.maxBatchSize}, max_queue_delay_microseconds {plan.maxQueueDelayMicroseconds}, "
+        f"config {desired.config_hash}"
+    )
     updates = [
         cond.ConditionUpdate(cond.CONFIG_VALID, cond.TRUE, "Valid"),
         cond.ConditionUpdate(
+            cond.SLA_FEASIBLE,
+            cond.UNKNOWN,
+            "ProfileNotMeasured",
+            "no profile yet: measuring execution latency per batch size from Triton's statistics",
+        )
+        if first
+        else cond.ConditionUpdate(
             cond.SLA_FEASIBLE,
             cond.TRUE,
             "Feasible",
@@ -197,9 +261,10 @@ def desired_status(
         cond.ConditionUpdate(
             cond.PLANNED,
             cond.TRUE,
-            "Planned",
-            f"max_batch_size {plan.maxBatchSize}, max_queue_delay_microseconds "
-            f"{plan.maxQueueDelayMicroseconds}, config {desired.config_hash}",
+            "FirstPlan"
+            if first
+            else ("PlannedFromMeasuredProfile" if desired.profile_source == MEASURED else "Planned"),
+            f"{settings}; capacity unknown until the profile is measured" if first else settings,
         ),
         cond.ConditionUpdate(
             cond.READY,
@@ -221,13 +286,19 @@ def desired_status(
         now=now,
         remove=() if warnings or any(u.type == cond.BATCHING_EFFECTIVE for u in extra) else (cond.BATCHING_EFFECTIVE,),
     )
-    return {
+    out: dict[str, Any] = {
         "observedGeneration": generation,
         "conditions": conditions,
         "plan": plan.model_dump(mode="json", exclude_none=True),
         "replicas": total,
         "readyReplicas": ready,
     }
+    if desired.profile_source != MEASURED:  # a measured profile in use is written by the profiling loop
+        out["plannedProfile"] = {
+            "source": desired.profile_source,
+            "declaredHash": profile_hash((body.get("spec") or {}).get("profile")),
+        }
+    return out
 
 
 # -- scaling -----------------------------------------------------------------------------------------------------
@@ -342,7 +413,7 @@ def scale_tick(
     if not planned or planned.get("status") != cond.TRUE or status.get("observedGeneration") != meta.get("generation"):
         return ScaleTick({})
     try:
-        desired = desired_state(body.get("spec") or {})
+        desired = desired_state(body.get("spec") or {}, adopted_profile(body.get("spec") or {}, status))
     except SpecError:
         return ScaleTick({})
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
@@ -388,7 +459,9 @@ def scale_tick(
     if decision.apply:
         events.append(("Normal", decision.reason, f"{current} -> {decision.desired_replicas}: {decision.message}"))
     elif decision.reason != status.get("lastScaleReason") and decision.reason != "HoldMetricsUnknown":
-        kind = "Warning" if decision.reason in WARNING_REASONS else "Normal"
+        # a first plan has no capacity by design: holding is expected there, not a warning
+        expected = decision.reason == "HoldNoCapacity" and desired.profile_source == FIRST_PLAN
+        kind = "Warning" if decision.reason in WARNING_REASONS and not expected else "Normal"
         events.append((kind, decision.reason, decision.message))
     conditions = _scaling_conditions(decision, signals)
     metrics = conditions[0]
@@ -462,3 +535,102 @@ def _scaling_conditions(decision: Decision, signals: ModelSignals) -> list[cond.
             )
         )
     return updates
+
+
+# -- profiling ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileTick:
+    """What one profiling pass decided: status fields to patch (empty: none), events, and whether the plan
+    now comes from a newly adopted measured profile (the caller then reconciles: the Deployment rolls once)."""
+
+    status: dict[str, Any]
+    events: tuple[tuple[str, str, str], ...] = ()
+    replan: bool = False
+    reason: str = ""
+
+
+def _points(fitted: Sequence[FittedPoint]) -> list[dict[str, Any]]:
+    return [
+        {"batchSize": p.batch_size, "latencyMs": significant(p.latency_ms), "executions": p.executions} for p in fitted
+    ]
+
+
+def _seconds(rfc3339: str | None) -> float | None:
+    if not rfc3339:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(rfc3339).timestamp()
+    except ValueError:
+        return None
+
+
+def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: int, *, now: float) -> ProfileTick:
+    """Fit the profile from the Ready pods' batch statistics and decide whether the plan adopts it.
+
+    Args:
+        body: the BatchedModel as read.
+        totals: per batch size, executions and execution time summed over pods since each was first seen.
+        pods: pods whose statistics were read.
+        now: seconds since the epoch.
+
+    ``status.measuredProfile`` is written when the plan adopts a measurement, and otherwise at most once per
+    ``spec.profiling.replanIntervalSeconds`` (a fresh measurement every tick would make an idle system write).
+    """
+    spec_d: Mapping[str, Any] = body.get("spec") or {}
+    status: Mapping[str, Any] = body.get("status") or {}
+    try:
+        desired = desired_state(spec_d, adopted_profile(spec_d, status))
+    except SpecError:
+        return ProfileTick({})
+    spec, plan = desired.spec, desired.plan_status
+    prof = spec.profiling
+    fitted = fit_profile(totals, min_executions=prof.minExecutions, up_to=plan.maxBatchSize or None)
+    planned = status.get("plannedProfile") or {}
+    adopted = None
+    if desired.profile_source == MEASURED:
+        adopted = [FittedPoint(int(p["batchSize"]), float(p["latencyMs"]), int(p.get("executions", 0)))
+                   for p in planned.get("points") or []]  # fmt: skip
+    declared = None if spec.profile_source == ProfileSource.MEASURED or not spec.profile else spec.profile
+    decision = decide_replan(
+        declared=LatencyProfile.from_points(declared) if declared else None,
+        measured=fitted,
+        adopted=adopted,
+        tolerance=prof.tolerancePercent / 100.0,
+        interval_s=float(prof.replanIntervalSeconds),
+        last_replan_s=_seconds(planned.get("since")) if desired.profile_source == MEASURED else None,
+        now_s=now,
+        min_sizes=2 if plan.maxBatchSize >= 2 else 1,
+    )
+    if not fitted:
+        return ProfileTick({}, reason=decision.reason)
+    measured_status = {"points": _points(fitted), "pods": pods, "measuredAt": cond.rfc3339(now)}
+    if decision.replan:
+        new_planned = {
+            "source": MEASURED,
+            "points": _points(fitted),
+            "since": cond.rfc3339(now),
+            "reason": decision.reason,
+            "message": decision.message,
+            "declaredHash": profile_hash(spec_d.get("profile")),
+        }
+        event = ("Normal", decision.reason, f"re-planning from the measured profile: {decision.message}")
+        return ProfileTick(
+            {"measuredProfile": measured_status, "plannedProfile": new_planned}, (event,), True, decision.reason
+        )
+    last = _seconds((status.get("measuredProfile") or {}).get("measuredAt"))
+    if last is None or now - last >= prof.replanIntervalSeconds:
+        return ProfileTick({"measuredProfile": measured_status}, reason=decision.reason)
+    return ProfileTick({}, reason=decision.reason)
+
+
+def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(uid, pod IP) of the pods that are Ready, not terminating and have an IP."""
+    out = []
+    for pod in pods:
+        meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+        if ready and not meta.get("deletionTimestamp") and st.get("podIP") and meta.get("uid"):
+            out.append((str(meta["uid"]), str(st["podIP"])))
+    return out

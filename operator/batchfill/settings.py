@@ -11,6 +11,8 @@
 | BATCHFILL_PROMETHEUS_TIMEOUT_SECONDS | 5 | per-query timeout; a timeout holds replicas (signals unknown) |
 | BATCHFILL_MAX_WORKERS | 8 | threads for synchronous handlers |
 | BATCHFILL_REQUEST_TIMEOUT_SECONDS | 30 | Kubernetes API request timeout |
+| BATCHFILL_PROFILE_INTERVAL_SECONDS | 60 | how often Triton's statistics of the Ready pods are read (profiling) |
+| BATCHFILL_TRITON_HTTP_PORT | 8000 | Triton's HTTP port in the pods (statistics extension) |
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class OperatorSettings(BaseModel):
     prometheus_timeout_s: float = Field(default=5.0, gt=0, le=300)
     max_workers: int = Field(default=8, ge=1, le=256)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    profile_interval_s: float = Field(default=60.0, gt=0, le=86_400)
+    triton_http_port: int = Field(default=8000, ge=1, le=65535)
 
     @property
     def exact_namespaces(self) -> tuple[str, ...]:
@@ -57,6 +61,8 @@ class OperatorSettings(BaseModel):
             "prometheus_timeout_s": "PROMETHEUS_TIMEOUT_SECONDS",
             "max_workers": "MAX_WORKERS",
             "request_timeout_s": "REQUEST_TIMEOUT_SECONDS",
+            "profile_interval_s": "PROFILE_INTERVAL_SECONDS",
+            "triton_http_port": "TRITON_HTTP_PORT",
         }
         for field, suffix in names.items():
             value = env.get(ENV_PREFIX + suffix)

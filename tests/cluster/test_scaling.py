@@ -10,7 +10,10 @@ servers (a Service). Checked, in one BatchedModel's life:
    subresource, with status (desiredReplicas, lastScaleReason, observed, MetricsAvailable) and an Event;
 2. Prometheus stopped mid-run -> MetricsAvailable=False, replicas held although the load dropped; Prometheus back
    -> MetricsAvailable=True, and after the stabilization window the low load scales in to 1;
-3. Advise: the same high load only writes the recommendation (desiredReplicas 2); the Deployment stays at 1.
+3. Advise: the same high load only writes the recommendation (desiredReplicas 2); the Deployment stays at 1;
+4. no profile: a first plan (capacity unknown) is served, the operator reads Triton's statistics of the pod at
+   ``<pod IP>:8000`` (kwok gives pods loopback addresses from their node's podCIDR, and the pod's tritonserver
+   listens there), fits the profile, adopts it with one Event, and the Deployment rolls exactly once.
 """
 
 from __future__ import annotations
@@ -105,17 +108,19 @@ class Lab:
             try:
                 selector = f"batchfill.io/batchedmodel={self.following}"
                 pods = self.kube.core.list_namespaced_pod(self.ns, label_selector=selector)
-                ready = {
-                    p.metadata.name: p.spec.node_name
+                live = [
+                    p
                     for p in pods.items
                     if p.metadata.deletion_timestamp is None
                     and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-                }
+                ]
+                ready = {p.metadata.name: p.spec.node_name for p in live}
+                ips = {p.metadata.name: p.status.pod_ip or "" for p in live}
                 configs = self.kube.core.list_namespaced_config_map(self.ns).items
                 mine = f"{self.following}-triton-config"
                 config = next((c.data["config.pbtxt"] for c in configs if c.metadata.name == mine), None)
                 if config is not None or not ready:
-                    self.tritons.sync(ready, config or "", self.console)
+                    self.tritons.sync(ready, config or "", self.console, ips)
                     self.prometheus.set_targets(
                         [ScrapeTarget.from_url(s.metrics_url, self.ns, pod) for pod, s in self.tritons.servers.items()]
                     )
@@ -125,11 +130,13 @@ class Lab:
 
     def start(self) -> None:
         self.prometheus.start()
-        threading.Thread(target=self._follow_pods, daemon=True).start()
+        self._follower = threading.Thread(target=self._follow_pods, daemon=True)
+        self._follower.start()
         self.load.start(0.0)
 
     def close(self) -> None:
         self._stop.set()
+        self._follower.join(timeout=240)  # it may be starting a tritonserver: let it finish before stopping them
         self.load.stop()
         self.tritons.stop()
         self.prometheus.close()
@@ -151,6 +158,7 @@ def lab(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             "BATCHFILL_RECONCILE_INTERVAL_SECONDS": "3",
             "BATCHFILL_SIGNAL_WINDOW_SECONDS": "10",
             "BATCHFILL_PROMETHEUS_TIMEOUT_SECONDS": "2",
+            "BATCHFILL_PROFILE_INTERVAL_SECONDS": "3",
             "BATCHFILL_NAMESPACES": ns,
         }
         log = work / "operator.log"
@@ -321,4 +329,63 @@ def test_manual_replica_edits_restored_in_auto_respected_in_off_and_advise(lab: 
     assert lab.replicas(name) == 2, "switching to Auto restored a count Auto never applied"
     assert len(events("ManualScaleReverted")) == 1
     assert lab.bm(name)["status"].get("appliedReplicas") == 2  # Auto owns it from here on
+    lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
+
+
+def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
+    name = "measured"
+    lab.following = name
+    body = sleep_model(name, "Auto")
+    del body["spec"]["profile"]
+    body["spec"]["batching"] = {"maxBatchSize": 16}
+    body["spec"]["profiling"] = {"minExecutions": 20, "replanIntervalSeconds": 60}
+    # T = 100 ms: the measured l(16) = 136 ms does not fit, so the measured plan batches less than the first
+    # plan's 16 and the config changes (an unchanged config would correctly not roll at all)
+    body["spec"]["sla"] = {"latencyP99Ms": 120, "networkOverheadMs": 20}
+    lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
+    bm = until("first plan", lambda: lab.bm(name), lambda b: condition(b, "Planned").get("status") == "True", 60)
+    assert condition(bm, "Planned")["reason"] == "FirstPlan", condition(bm, "Planned")
+    assert condition(bm, "SLAFeasible")["status"] == "Unknown"
+    assert bm["status"]["plan"]["capacityPerReplicaRps"] == 0
+    assert bm["status"]["plan"]["preferredBatchSizes"] == list(range(1, 17))
+    assert bm["status"]["plannedProfile"]["source"] == "FirstPlan"
+    endpoints = until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
+    assert endpoints[0].startswith("127.1."), f"the pod's server should listen on the pod IP: {endpoints}"
+
+    lab.load.set_rate(20.0)  # l(1) = 46 ms: arrivals every 50 ms form batches of 1 to 3
+    bm = until(
+        "a plan from the measured profile",
+        lambda: lab.bm(name),
+        lambda b: (b["status"].get("plannedProfile") or {}).get("source") == "Measured",
+        180,
+    )
+    status = bm["status"]
+    points = status["plannedProfile"]["points"]
+    measured = [p for p in points if p["executions"] > 0]
+    assert measured, points
+    for p in measured:
+        nominal = ALPHA_MS + BETA_MS * p["batchSize"]
+        assert nominal <= p["latencyMs"] <= nominal + 5.0, f"batch {p['batchSize']}: {p} vs nominal {nominal} ms"
+    assert points[-1]["batchSize"] == 16, "the fitted line extends the profile to spec.batching.maxBatchSize"
+    assert status["plannedProfile"]["reason"] == "ProfileMeasured"
+    assert status["measuredProfile"]["pods"] == 1
+    bm = until(
+        "Planned from the measured profile",
+        lambda: lab.bm(name),
+        lambda b: condition(b, "Planned").get("reason") == "PlannedFromMeasuredProfile",
+        30,
+    )
+    assert bm["status"]["plan"]["capacityPerReplicaRps"] > 0
+    assert bm["status"]["plan"]["maxBatchSize"] < 16, bm["status"]["plan"]
+    assert condition(bm, "SLAFeasible")["status"] == "True"
+    config = lab.kube.core.read_namespaced_config_map(f"{name}-triton-config", lab.ns).data["config.pbtxt"]
+    assert f"max_batch_size: {bm['status']['plan']['maxBatchSize']}" in config
+
+    time.sleep(12)  # several profiling passes: the adoption must not repeat, nor the roll
+    events = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
+    reasons = [e.reason for e in events]
+    assert reasons.count("ProfileMeasured") == 1, reasons
+    assert reasons.count("ConfigChanged") == 1, f"the Deployment must roll exactly once: {reasons}"
+    assert not [e for e in events if e.type == "Warning"], [(e.reason, e.message) for e in events]
+    lab.load.set_rate(0)
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)

@@ -376,6 +376,7 @@ def test_defaults_are_valid_under_their_own_schema() -> None:
     defaulted = [(path, node) for path, node in walk(root_schema()) if "default" in node]
     assert {path for path, node in defaulted if node["default"] == {}} == {
         "spec.batching",
+        "spec.profiling",
         "spec.scaling",
         "spec.triton",
         "spec.triton.resources",

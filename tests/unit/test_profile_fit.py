@@ -137,3 +137,11 @@ def test_after_adoption_the_adopted_profile_is_the_reference() -> None:
 def test_nothing_measured_waits() -> None:
     assert decide(measured=[])[:2] == (False, "AwaitingMeasurement")
     assert decide(measured=[FittedPoint(16, 80.0, 0, True)])[:2] == (False, "AwaitingMeasurement")
+
+
+def test_a_first_adoption_waits_for_two_sizes_when_the_plan_can_batch() -> None:
+    one = [FittedPoint(1, 10.2, 500)]
+    assert decide(declared=None, measured=one, min_sizes=2)[:2] == (False, "AwaitingMeasurement")
+    assert decide(declared=None, measured=[*one, FittedPoint(2, 12.0, 100)], min_sizes=2)[0]
+    assert decide(declared=None, measured=one, min_sizes=1)[0]  # a model that cannot batch
+    assert decide(measured=one, min_sizes=2)[:2] == (False, "ProfileAgrees")  # a declared profile compares at once

@@ -70,6 +70,10 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manag
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 NODE_IP_PREFIX = "10.240.0."
+#: Pod CIDR of fake node i: 127.1.<i>.0/24. kwok gives pods addresses from their node's podCIDR, and loopback
+#: addresses let a real tritonserver listen on its pod's IP with Triton's standard ports, so the operator reaches
+#: pods at <pod IP>:8000 exactly as in a real cluster.
+POD_CIDR_TEMPLATE = "127.1.{index}.0/24"
 FAKE_NODE_LABEL = "batchfill.io/dev-cluster-node"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT = "NVIDIA-A100-SXM4-80GB"
@@ -638,7 +642,7 @@ def fake_node(name: str, index: int, gpus: int) -> dict[str, Any]:
             "labels": labels,
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
-        "spec": {},
+        "spec": {"podCIDR": POD_CIDR_TEMPLATE.format(index=index), "podCIDRs": [POD_CIDR_TEMPLATE.format(index=index)]},
         "status": {
             "capacity": capacity,
             "allocatable": dict(capacity),

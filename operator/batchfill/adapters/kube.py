@@ -176,6 +176,20 @@ class Kube:
         except (ApiException, HTTPError) as e:
             raise _classify(e, "list BatchedModels") from None
 
+    def get_batched_model(self, name: str, namespace: str) -> dict[str, Any] | None:
+        """The BatchedModel as stored now (None when it is gone)."""
+        from batchfill.api.spec import GROUP, PLURAL, VERSION
+
+        api: Any = client.CustomObjectsApi(self.api)
+        try:
+            return dict(api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise _classify(e, f"get BatchedModel {namespace}/{name}") from None
+        except HTTPError as e:
+            raise _classify(e, f"get BatchedModel {namespace}/{name}") from None
+
     def patch_status(self, body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
         """Merge-patch ``status`` of a BatchedModel if it is still at ``body``'s resourceVersion.
 

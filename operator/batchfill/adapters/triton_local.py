@@ -217,6 +217,8 @@ class LocalTriton:
         model_repository: directory holding ``<model>/config.pbtxt`` and ``<model>/<version>/...``.
         http_port, grpc_port, metrics_port: fixed ports; by default free loopback ports are picked (and
             picked again, up to 3 times, if one was taken before the server bound it).
+        host: the loopback address to bind (``127.0.0.1``; the dev cluster gives kwok pods addresses in
+            ``127.1.0.0/16`` so a server can listen on its pod's IP with Triton's standard ports).
         model_control_mode: ``none`` (load everything at start), ``explicit`` (load through the
             repository API, e.g. ``http_client().load_model(name)``) or ``poll``.
         load_models: ``--load-model`` names for ``explicit`` mode.
@@ -241,6 +243,7 @@ class LocalTriton:
         http_port: int | None = None,
         grpc_port: int | None = None,
         metrics_port: int | None = None,
+        host: str = LOOPBACK,
         model_control_mode: str = "none",
         load_models: Sequence[str] = (),
         strict_readiness: bool = True,
@@ -255,6 +258,11 @@ class LocalTriton:
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self._fixed_ports = (http_port, grpc_port, metrics_port)
+        if not host.startswith("127."):
+            raise ValueError(
+                f"host {host!r} must be a loopback address (127.0.0.0/8): servers never leave this machine"
+            )
+        self.host = host
         self.model_control_mode = model_control_mode
         self.load_models = list(load_models)
         self.strict_readiness = strict_readiness
@@ -276,17 +284,17 @@ class LocalTriton:
     @property
     def http_url(self) -> str:
         """``host:port`` as tritonclient.http takes it."""
-        return f"{LOOPBACK}:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
         """``host:port`` as tritonclient.grpc takes it."""
-        return f"{LOOPBACK}:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
         """Full URL of the Prometheus metrics endpoint."""
-        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     @property
     def pid(self) -> int | None:
@@ -320,11 +328,11 @@ class LocalTriton:
             str(inst.binary),
             f"--model-repository={self.model_repository}",
             f"--backend-directory={backend_dir}",
-            f"--http-address={LOOPBACK}",
+            f"--http-address={self.host}",
             f"--http-port={self.http_port}",
-            f"--grpc-address={LOOPBACK}",
+            f"--grpc-address={self.host}",
             f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={LOOPBACK}",
+            f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",

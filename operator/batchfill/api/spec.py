@@ -297,6 +297,38 @@ class BatchingSpec(_Model):
     )
 
 
+class ProfileSource(StrEnum):
+    """Where the plan's batch-latency profile comes from."""
+
+    DECLARED = "Declared"
+    MEASURED = "Measured"
+
+
+class ProfilingSpec(_Model):
+    """How the operator measures the profile from Triton's statistics of the running pods and when it re-plans."""
+
+    source: ProfileSource | None = Field(
+        default=None,
+        description=(
+            "Declared: plan from spec.profile, re-plan only when the measurement disagrees beyond "
+            "tolerancePercent. Measured: start from a first plan, then plan from the measurement. Default: "
+            "Declared when spec.profile is given, else Measured."
+        ),
+    )
+    tolerancePercent: float = Field(
+        default=15,
+        gt=0,
+        le=100,
+        description="Relative difference between measured and planned latency at a batch size that triggers a re-plan.",
+    )
+    replanIntervalSeconds: int = Field(
+        default=900, ge=60, le=604_800, description="Least time between two re-plans (each rolls the pods once)."
+    )
+    minExecutions: int = Field(
+        default=100, ge=1, le=1_000_000, description="Executions a batch size needs before its latency counts."
+    )
+
+
 class ScalingMode(StrEnum):
     """How the operator acts on its replica decisions."""
 
@@ -384,8 +416,8 @@ class BatchedModelSpec(_Model):
         min_length=1,
         max_length=64,
         description=(
-            "Execution latency per batch size, batch sizes strictly increasing "
-            "(measured on Triton, e.g. by `batchfill serve`)."
+            "Execution latency per batch size, batch sizes strictly increasing (measure it with `batchfill "
+            "profile`). Optional: without it the operator measures the profile (spec.profiling)."
         ),
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -398,8 +430,16 @@ class BatchedModelSpec(_Model):
         },
     )
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    profiling: ProfilingSpec = Field(default_factory=ProfilingSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     triton: TritonSpec = Field(default_factory=TritonSpec)
+
+    @property
+    def profile_source(self) -> ProfileSource:
+        """spec.profiling.source, defaulted: Declared when a profile is given, else Measured."""
+        if self.profiling.source is not None:
+            return self.profiling.source
+        return ProfileSource.DECLARED if self.profile else ProfileSource.MEASURED
 
 
 class ObjectMeta(BaseModel):

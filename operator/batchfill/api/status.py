@@ -80,6 +80,35 @@ class ObservedStatus(_Status):
     p99Ms: float | None = Field(default=None, ge=0, description="Server-side p99 request latency.")
 
 
+class MeasuredPoint(_Status):
+    """Execution latency of one batch size from Triton's statistics (batch_stats) of the Ready pods."""
+
+    batchSize: int = Field(ge=1)
+    latencyMs: float = Field(gt=0, description="Mean execution latency (input + infer + output), ms.")
+    executions: int = Field(ge=0, description="Executions measured (0: extrapolated by a fitted line).")
+
+
+class MeasuredProfileStatus(_Status):
+    """The latest profile measured on the running pods."""
+
+    points: list[MeasuredPoint] = Field(default_factory=list)
+    pods: int = Field(ge=0, description="Pods whose statistics were summed.")
+    measuredAt: str = Field(description="When, RFC 3339.")
+
+
+class PlannedProfileStatus(_Status):
+    """The profile status.plan was computed from."""
+
+    source: str = Field(description="Declared (spec.profile), Measured (points below) or FirstPlan (none yet).")
+    points: list[MeasuredPoint] = Field(default_factory=list, description="The measured points in use (Measured).")
+    since: str | None = Field(default=None, description="When this profile was adopted, RFC 3339.")
+    reason: str = Field(default="", description="Why (ProfileMeasured, ProfileDisagrees, ...).")
+    message: str = Field(default="", description="The numbers behind the reason: old and new latency.")
+    declaredHash: str = Field(
+        default="", description="Hash of spec.profile when this was written: a new declared profile wins."
+    )
+
+
 class BatchedModelStatus(_Status):
     """Status subresource of a BatchedModel."""
 
@@ -95,3 +124,5 @@ class BatchedModelStatus(_Status):
     lastScaleTime: str | None = None
     lastScaleReason: str | None = None
     observed: ObservedStatus | None = None
+    measuredProfile: MeasuredProfileStatus | None = None
+    plannedProfile: PlannedProfileStatus | None = None

@@ -513,3 +513,52 @@ def _result(
         rule=rule,
         batch_fill_at_target=fill_at_target,
     )
+
+
+#: Rule text of a plan made before any profile is known.
+FIRST_PLAN_RULE = (
+    "first plan: no profile yet, so batches up to spec.batching.maxBatchSize with every size preferred and the "
+    "minimum queue delay (work-conserving: no request waits for partners); capacity at SLA is unknown until "
+    "the profile is measured from Triton's statistics, and replicas hold meanwhile"
+)
+
+
+def first_plan(spec: BatchedModelSpec) -> PlanResult:
+    """The plan of a spec without a profile (``spec.profiling`` measures it on the running pods).
+
+    Work-conserving batching with the minimum delay never makes a request wait for partners, so it keeps any
+    SLA the model can meet at low load; the capacity is 0 (unknown), which makes the scaling policy hold.
+
+    Raises:
+        SpecError: ``spec.batching.maxBatchSize`` absent (the model's batch limit is not known without it).
+    """
+    b = spec.batching
+    if b.maxBatchSize is None:
+        raise SpecError(
+            [
+                Problem(
+                    "spec.batching.maxBatchSize",
+                    "is required while spec.profile is absent: the first plan, before the profile is measured, "
+                    "needs the largest batch the model accepts (0 if it does not batch)",
+                )
+            ]
+        )
+    batch = b.maxBatchSize
+    preferred = tuple(sorted(b.preferredBatchSizes)) if b.preferredBatchSizes else tuple(range(1, batch + 1))
+    delay = 0 if batch == 0 else (b.maxQueueDelayMicroseconds or MIN_QUEUE_DELAY_US)
+    chosen = Candidate(batch, preferred if batch else (), delay, max(1, spec.triton.gpusPerReplica))
+    budget = spec.sla.latencyP99Ms - spec.sla.networkOverheadMs
+    direct = spec.model.stateful and spec.model.sequenceStrategy is SequenceStrategy.DIRECT
+    return PlanResult(
+        chosen=chosen,
+        seed_rule=None,
+        candidates=(chosen,),
+        server_budget_ms=budget,
+        target_p99_ms=budget * (1 - b.safetyMarginPercent / 100),
+        min_client_timeout_ms=spec.sla.latencyP99Ms,
+        instance_count=b.instancesPerGpu,
+        minimum_slot_utilization=1.0 if direct else None,
+        warnings=(),
+        rule=FIRST_PLAN_RULE,
+        batch_fill_at_target=None,
+    )

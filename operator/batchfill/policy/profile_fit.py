@@ -126,6 +126,7 @@ def decide_replan(
     interval_s: float,
     last_replan_s: float | None,
     now_s: float,
+    min_sizes: int = 1,
 ) -> ReplanDecision:
     """Adopt ``measured`` for the plan?
 
@@ -138,10 +139,17 @@ def decide_replan(
         interval_s: least time between two replans, seconds.
         last_replan_s: when the last replan happened (None: never), seconds.
         now_s: now, seconds, same epoch.
+        min_sizes: measured batch sizes a first adoption (no declared or adopted profile) needs: with one size
+            the plan could never batch, since a profile is not extrapolated from a single point.
     """
     real = [p for p in measured if not p.extrapolated]
     if not real:
         return ReplanDecision(False, "AwaitingMeasurement", "no batch size has enough executions yet")
+    if declared is None and not adopted and len(real) < min_sizes:
+        sizes = ", ".join(str(p.batch_size) for p in real)
+        return ReplanDecision(
+            False, "AwaitingMeasurement", f"measured batch size(s) {sizes}; {min_sizes} sizes are needed to plan"
+        )
     if last_replan_s is not None and now_s - last_replan_s < interval_s:
         wait = interval_s - (now_s - last_replan_s)
         return ReplanDecision(

@@ -1,0 +1,149 @@
+"""Profiling in the reconcile path: the first plan, the measured profile in use, and one profiling pass."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from batchfill.api.errors import SpecError
+from batchfill.policy.conditions import find
+from batchfill.policy.profile_fit import BatchTotals
+from batchfill.reconcile import (
+    adopted_profile,
+    changed_fields,
+    desired_state,
+    desired_status,
+    profile_hash,
+    profile_tick,
+    ready_pod_ips,
+)
+
+T0 = 1_800_000_000.0
+SPEC: dict[str, Any] = {
+    "model": {"name": "sleep", "backend": "python"},
+    "sla": {"latencyP99Ms": 200, "networkOverheadMs": 20},
+    "batching": {"maxBatchSize": 8},
+    "profiling": {"minExecutions": 20, "replanIntervalSeconds": 60},
+}
+
+
+def body(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    meta = {"name": "m", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "7"}
+    return {"metadata": meta, "spec": spec, "status": status or {}}
+
+
+def totals(
+    alpha: float = 40.0, beta: float = 6.0, sizes: tuple[int, ...] = (1, 2, 3), n: int = 50
+) -> list[BatchTotals]:
+    return [BatchTotals(b, n, round(n * (alpha + beta * b) * 1e6)) for b in sizes]
+
+
+def test_without_a_profile_the_first_plan_is_served_with_unknown_capacity() -> None:
+    d = desired_state(SPEC)
+    assert d.profile_source == "FirstPlan"
+    assert d.plan_status.capacityPerReplicaRps == 0
+    assert d.plan_status.preferredBatchSizes == list(range(1, 9))
+    assert d.plan_status.maxQueueDelayMicroseconds == 100
+    assert "max_batch_size: 8" in d.config
+    wanted = desired_status(body(SPEC), d, {"status": {"replicas": 1, "readyReplicas": 1}}, now=T0)
+    assert find(wanted["conditions"], "Planned")["reason"] == "FirstPlan"  # type: ignore[index]
+    assert find(wanted["conditions"], "SLAFeasible")["status"] == "Unknown"  # type: ignore[index]
+    assert wanted["plannedProfile"] == {"source": "FirstPlan", "declaredHash": "none"}
+
+
+def test_the_first_plan_needs_the_models_batch_limit() -> None:
+    spec = copy.deepcopy(SPEC)
+    del spec["batching"]
+    with pytest.raises(SpecError, match=r"spec\.batching\.maxBatchSize: is required while spec\.profile is absent"):
+        desired_state(spec)
+
+
+def test_declared_source_without_a_profile_is_rejected_naming_the_field() -> None:
+    spec = copy.deepcopy(SPEC) | {"profiling": {"source": "Declared"}}
+    with pytest.raises(SpecError, match=r"spec\.profiling\.source=Declared needs spec\.profile"):
+        desired_state(spec)
+
+
+def test_a_profiling_pass_adopts_the_measurement_once_and_the_plan_follows() -> None:
+    tick = profile_tick(body(SPEC), totals(), pods=1, now=T0)
+    assert tick.replan
+    assert tick.reason == "ProfileMeasured"
+    planned = tick.status["plannedProfile"]
+    assert planned["source"] == "Measured"
+    assert [p["batchSize"] for p in planned["points"]] == [1, 2, 3, 8]
+    assert planned["points"][0] == {"batchSize": 1, "latencyMs": 46.0, "executions": 50}
+    assert planned["points"][-1]["executions"] == 0  # extrapolated to spec.batching.maxBatchSize
+    assert planned["points"][-1]["latencyMs"] == pytest.approx(88.0)
+    assert tick.events[0][:2] == ("Normal", "ProfileMeasured")
+    status = dict(tick.status)
+    measured = adopted_profile(SPEC, status)
+    assert measured == ((1, 46.0), (2, 52.0), (3, 58.0), (8, 88.0))
+    d = desired_state(SPEC, measured)
+    assert d.profile_source == "Measured"
+    assert d.plan_status.capacityPerReplicaRps > 0
+    # the next pass, same numbers: nothing to write (no replan, measuredProfile is fresh)
+    again = profile_tick(body(SPEC, status), totals(), pods=1, now=T0 + 5)
+    assert (again.replan, again.status) == (False, {})
+    assert again.reason == "ReplanIntervalNotElapsed"
+    # a far slower model after the interval: replanned from the adopted profile, with old and new values
+    later = profile_tick(body(SPEC, status), totals(alpha=60.0), pods=1, now=T0 + 61)
+    assert later.replan
+    assert later.reason == "ProfileDisagrees"
+    assert "adopted measured 46 ms, measured 66 ms" in later.status["plannedProfile"]["message"]
+
+
+def test_too_few_executions_write_nothing() -> None:
+    tick = profile_tick(body(SPEC), totals(n=5), pods=1, now=T0)
+    assert (tick.replan, tick.status, tick.reason) == (False, {}, "AwaitingMeasurement")
+
+
+def test_a_declared_profile_within_tolerance_is_kept_and_the_measurement_shown() -> None:
+    spec = copy.deepcopy(SPEC) | {"profile": [{"batchSize": 1, "latencyMs": 47}, {"batchSize": 8, "latencyMs": 90}]}
+    tick = profile_tick(body(spec), totals(), pods=2, now=T0)
+    assert not tick.replan
+    assert tick.reason == "ProfileAgrees"
+    assert set(tick.status) == {"measuredProfile"}
+    assert tick.status["measuredProfile"]["pods"] == 2
+    assert desired_state(spec, adopted_profile(spec, tick.status)).profile_source == "Declared"
+
+
+def test_a_new_declared_profile_wins_over_an_older_measurement() -> None:
+    status = dict(profile_tick(body(SPEC), totals(), pods=1, now=T0).status)
+    assert adopted_profile(SPEC, status) is not None
+    spec = copy.deepcopy(SPEC) | {"profile": [{"batchSize": 1, "latencyMs": 47}]}
+    assert profile_hash(spec["profile"]) != status["plannedProfile"]["declaredHash"]
+    assert adopted_profile(spec, status) is None
+
+
+def test_a_hand_edited_planned_profile_is_ignored_not_crashed_on() -> None:
+    status = {"plannedProfile": {"source": "Measured", "points": [{"batchSize": "x"}], "declaredHash": "none"}}
+    assert adopted_profile(SPEC, status) is None
+
+
+def test_measured_plan_status_is_stable_between_reconciles() -> None:
+    status = dict(profile_tick(body(SPEC), totals(), pods=1, now=T0).status)
+    d = desired_state(SPEC, adopted_profile(SPEC, status))
+    wanted = desired_status(body(SPEC, status), d, {"status": {"replicas": 1, "readyReplicas": 1}}, now=T0)
+    assert "plannedProfile" not in wanted  # written by the profiling pass only
+    b2 = body(SPEC, {**status, **wanted})
+    assert (
+        changed_fields(b2["status"], desired_status(b2, d, {"status": {"replicas": 1, "readyReplicas": 1}}, now=T0 + 9))
+        == {}
+    )
+
+
+def test_ready_pod_ips() -> None:
+    def pod(uid: str, ip: str, ready: bool, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"uid": uid} | ({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})
+        cond = [{"type": "Ready", "status": "True" if ready else "False"}]
+        return {"metadata": meta, "status": {"podIP": ip, "conditions": cond}}
+
+    pods = [
+        pod("a", "127.1.0.2", True),
+        pod("b", "127.1.0.3", False),
+        pod("c", "", True),
+        pod("d", "1.2.3.4", True, True),
+    ]
+    assert ready_pod_ips(pods) == [("a", "127.1.0.2")]
