@@ -252,13 +252,16 @@ def measure(
     total = len(batch_sizes) * repeats
     done = 0
     out: list[SizeMeasurement] = []
+    # Triton records an execution's statistics just after responding: every read waits for the count expected
+    expected = _settled(client, info, None).execution_count
     for b in batch_sizes:
         inputs = make_inputs(b)
         try:
             for _ in range(warmup):
                 client.infer(info.name, inputs, model_version=info.version)
+            expected += warmup
             samples: list[float] = []
-            before = _settled(client, info, None)
+            before = _settled(client, info, expected)
             for _ in range(repeats):
                 client.infer(info.name, inputs, model_version=info.version)
                 after = _settled(client, info, before.execution_count + 1)
@@ -274,6 +277,7 @@ def measure(
                 ns = stat.total_ns - (prev.total_ns if prev else 0)
                 samples.append(ns / 1e6)
                 before = after
+                expected += 1
                 done += 1
                 if progress is not None:
                     progress(done, total)
