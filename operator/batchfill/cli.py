@@ -160,24 +160,31 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_USAGE if failed else EXIT_OK
 
 
+def _one_model(path: str, command: str, err: Console) -> Any:
+    """The single BatchedModel of ``path``, or the exit code after printing why (one line per problem)."""
+    try:
+        docs = parse_documents(_read(path))
+        if len(docs) != 1:
+            _err(err, f"{path}: `batchfill {command}` takes one BatchedModel, found {len(docs)} documents")
+            return EXIT_USAGE
+        return load_model(docs[0])
+    except OSError as e:
+        _err(err, f"{path}: cannot read: {e.strerror or e}")
+        return EXIT_USAGE
+    except SpecError as e:
+        for p in e.problems:
+            _err(err, f"{path}: {p}")
+        return EXIT_USAGE
+
+
 def cmd_simulate(args: argparse.Namespace, out: Console, err: Console) -> int:
     """A BatchedModel against a trace under batchfill's policy and the baselines (fleet simulator)."""
     from batchfill.compare.run import CompareError, Options
     from batchfill.simulate import TraceOptions, parse_duration, run_simulation
 
-    try:
-        docs = parse_documents(_read(args.file))
-        if len(docs) != 1:
-            _err(err, f"{args.file}: `batchfill simulate` takes one BatchedModel, found {len(docs)} documents")
-            return EXIT_USAGE
-        bm = load_model(docs[0])
-    except OSError as e:
-        _err(err, f"{args.file}: cannot read: {e.strerror or e}")
-        return EXIT_USAGE
-    except SpecError as e:
-        for p in e.problems:
-            _err(err, f"{args.file}: {p}")
-        return EXIT_USAGE
+    bm = _one_model(args.file, "simulate", err)
+    if isinstance(bm, int):
+        return bm
     try:
         numbers = {"--mean-rps": args.mean_rps, "--peak-rps": args.peak_rps, "--startup": args.startup}
         for flag, value in numbers.items():
@@ -293,19 +300,9 @@ def cmd_crd(args: argparse.Namespace, out: Console, err: Console) -> int:
 def cmd_serve(args: argparse.Namespace, out: Console, err: Console) -> int:
     from batchfill.serve import serve
 
-    try:
-        docs = parse_documents(_read(args.file))
-        if len(docs) != 1:
-            _err(err, f"{args.file}: `batchfill serve` takes one BatchedModel, found {len(docs)} documents")
-            return EXIT_USAGE
-        bm = load_model(docs[0])
-    except OSError as e:
-        _err(err, f"{args.file}: cannot read: {e.strerror or e}")
-        return EXIT_USAGE
-    except SpecError as e:
-        for p in e.problems:
-            _err(err, f"{args.file}: {p}")
-        return EXIT_USAGE
+    bm = _one_model(args.file, "serve", err)
+    if isinstance(bm, int):
+        return bm
     try:
         report = serve(
             bm, out, load_fraction=args.load, duration_s=args.duration, measure=not args.no_measure, seed=args.seed

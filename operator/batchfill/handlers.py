@@ -120,7 +120,61 @@ def _watched(settings: OperatorSettings, namespace: str) -> bool:
     return included and not excluded
 
 
-class ScalingLoop:
+class _PeriodicLoop:
+    """A daemon thread that makes one pass over every BatchedModel the operator serves every ``interval_s``.
+
+    Subclasses define ``_one(body, now)`` (one model; Kube errors are theirs to handle) and ``_forget(seen)``
+    (drop state of models that are gone). A bug in one pass is logged and the next pass runs anyway.
+    """
+
+    name = "loop"
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, interval_s: float) -> None:
+        self.kube, self.settings, self.interval_s = kube, settings, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"batchfill-{self.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        self._stop.wait(min(5.0, self.interval_s))
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick(time.time())
+            except Exception:  # a bug in one pass must not end the loop for good
+                log.exception("%s pass failed", self.name)
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def tick(self, now: float) -> None:
+        """One pass over every BatchedModel the operator serves."""
+        try:
+            models = self.kube.list_batched_models(self.settings.exact_namespaces)
+        except (KubeTemporaryError, KubePermanentError) as err:
+            log.warning("%s pass postponed: %s", self.name, err)
+            return
+        seen = set()
+        for body in models:
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
+                continue
+            seen.add(meta["uid"])
+            self._one(body, now)
+        self._forget(seen)
+
+    def _one(self, body: dict[str, Any], now: float) -> None:
+        raise NotImplementedError
+
+    def _forget(self, seen: set[str]) -> None:
+        raise NotImplementedError
+
+
+class ScalingLoop(_PeriodicLoop):
     """Every ``interval_s``: one list of BatchedModels, one Prometheus query set, one decision per model.
 
     A thread of the operator rather than a kopf timer: kopf puts a finalizer on every object that has a timer,
@@ -131,46 +185,17 @@ class ScalingLoop:
     API (kopf.event works only inside handlers).
     """
 
+    name = "scaling"
+
     def __init__(self, kube: Kube, hub: SignalHub, settings: OperatorSettings) -> None:
-        self.kube, self.hub, self.settings = kube, hub, settings
+        super().__init__(kube, settings, settings.reconcile_interval_s)
+        self.hub = hub
         self.history: dict[str, tuple[Any, ...]] = {}  # uid -> decision history (lost on restart: see policy)
         self.last_tick: dict[str, float] = {}
         self.holding: dict[str, int] = {}  # uid -> pods holding GPUs at the last tick (charged for the interval)
         self.monitored: set[str] = set()  # uids whose ServiceMonitor child was seen
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="batchfill-scaling", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        self._stop.wait(min(5.0, self.settings.reconcile_interval_s))
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self.tick(time.time())
-            except Exception:  # a bug in one tick must not end scaling for good
-                log.exception("scaling tick failed")
-            self._stop.wait(max(0.0, self.settings.reconcile_interval_s - (time.monotonic() - started)))
-
-    def tick(self, now: float) -> None:
-        """One pass over every BatchedModel the operator serves."""
-        try:
-            models = self.kube.list_batched_models(self.settings.exact_namespaces)
-        except (KubeTemporaryError, KubePermanentError) as err:
-            log.warning("scaling tick postponed: %s", err)
-            return
-        seen = set()
-        for body in models:
-            meta = body["metadata"]
-            if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
-                continue
-            seen.add(meta["uid"])
-            self._one(body, now)
+    def _forget(self, seen: set[str]) -> None:
         for uid in (set(self.history) | set(self.last_tick) | self.monitored) - seen:
             self.history.pop(uid, None)
             self.last_tick.pop(uid, None)
@@ -227,55 +252,32 @@ class ScalingLoop:
 PROFILE_READ_TIMEOUT_S = 2.0
 
 
-class ProfilingLoop:
+class ProfilingLoop(_PeriodicLoop):
     """Every ``profile_interval_s``: Triton's batch statistics of every BatchedModel's Ready pods, the fitted
     profile, and a re-plan when :func:`batchfill.reconcile.profile_tick` adopts it (spec.profiling).
 
     A thread of its own, so slow or unreachable pods never delay a scaling decision; pod reads run in parallel.
     """
 
+    name = "profiling"
+
     def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
-        self.kube, self.settings = kube, settings
+        super().__init__(kube, settings, settings.profile_interval_s)
         self.baselines: dict[str, dict[str, PodBatchStats]] = {}  # model uid -> pod uid -> first statistics read
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="batchfill-stats")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="batchfill-profiling", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        super().stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-    def _run(self) -> None:
-        self._stop.wait(min(5.0, self.settings.profile_interval_s))
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self.tick(time.time())
-            except Exception:  # a bug in one pass must not end profiling for good
-                log.exception("profiling pass failed")
-            self._stop.wait(max(0.0, self.settings.profile_interval_s - (time.monotonic() - started)))
-
-    def tick(self, now: float) -> None:
-        """One pass over every BatchedModel the operator serves."""
+    def _one(self, body: dict[str, Any], now: float) -> None:
+        meta = body["metadata"]
         try:
-            models = self.kube.list_batched_models(self.settings.exact_namespaces)
+            self._profile(body, now)
         except (KubeTemporaryError, KubePermanentError) as err:
-            log.warning("profiling pass postponed: %s", err)
-            return
-        seen = set()
-        for body in models:
-            meta = body["metadata"]
-            if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
-                continue
-            seen.add(meta["uid"])
-            try:
-                self._profile(body, now)
-            except (KubeTemporaryError, KubePermanentError) as err:
-                log.warning("profiling of %s/%s postponed: %s", meta["namespace"], meta["name"], err)
+            log.warning("profiling of %s/%s postponed: %s", meta["namespace"], meta["name"], err)
+
+    def _forget(self, seen: set[str]) -> None:
         for uid in set(self.baselines) - seen:
             del self.baselines[uid]
 

@@ -64,12 +64,34 @@ def default_mean_rps(spec: BatchedModelSpec, capacity_rps: float) -> float:
     return 0.4 * spec.scaling.maxReplicas * capacity_rps
 
 
+#: Trace parameters -> the `batchfill simulate` flags that set them (error messages name the flag).
+_FLAGS = {
+    "mean_rps": "--mean-rps",
+    "base_rps": "--mean-rps",
+    "peak_rps": "--peak-rps",
+    "cv": "--cv",
+    "peak_to_trough": "--peak-to-trough",
+    "duration_s": "--duration",
+    "start_s": "--start",
+    "length_s": "--length",
+}
+
+
 def build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float) -> traces.Trace:
     """The trace the options describe.
 
     Raises:
-        ValueError: bad parameters or an unreadable rate file (message names the option).
+        ValueError: bad parameters or an unreadable rate file (message names the flag).
     """
+    try:
+        return _build_trace(opts, spec, capacity_rps)
+    except ValueError as e:
+        text = str(e)
+        name = text.split("=", 1)[0]
+        raise ValueError(_FLAGS[name] + text[len(name) :] if name in _FLAGS else text) from None
+
+
+def _build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float) -> traces.Trace:
     mean = opts.mean_rps if opts.mean_rps is not None else default_mean_rps(spec, capacity_rps)
     if opts.kind == "diurnal":
         return traces.diurnal(
@@ -81,7 +103,7 @@ def build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float)
         duration = opts.duration_s or 3600.0
         start = opts.start_s if opts.start_s is not None else duration / 3
         length = opts.length_s if opts.length_s is not None else (duration / 6 if opts.kind == "spike" else duration)
-        peak = opts.peak_rps if opts.peak_rps is not None else 3.0 * mean
+        peak = opts.peak_rps if opts.peak_rps is not None else 2.0 * mean  # within maxReplicas at the default mean
         return traces.spike(mean, peak, start_s=start, length_s=length, duration_s=duration, seed=opts.seed)
     if opts.kind == "replay":
         if not opts.rates_file:
@@ -101,6 +123,15 @@ def build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float)
 def print_comparison(c: Comparison, out: Console, *, targets: bool = True) -> None:
     """The plan line, the table and (``targets``) the cost benchmark's targets, which are set for a diurnal day."""
     st = c.setup
+    need = math.ceil(c.peak_rps / st.capacity_rps - 1e-9)
+    cap = st.spec.scaling.maxReplicas
+    if need > cap:
+        out.print(
+            f"note: the peak minute ({c.peak_rps:.4g} req/s) needs {need} replicas at capacity; "
+            f"spec.scaling.maxReplicas={cap} caps every autoscaler (static-peak is not capped)",
+            style="yellow",
+            highlight=False,
+        )
     out.print(
         f"[bold]{c.trace_description}[/bold]\n"
         f"plan: max_batch_size {st.plan.maxBatchSize}, max_queue_delay {st.plan.maxQueueDelayMicroseconds} us, "

@@ -134,3 +134,35 @@ def test_variable_dims_need_a_shape(triton: LocalTriton, url: str, capsys: pytes
 def test_batch_size_above_max_batch_size_is_refused(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profile", "--url", url, "--model", NAME, "--batch-sizes", "16"]) == 1
     assert f"batch sizes [16] are outside [1, {MAX_BATCH}]" in capsys.readouterr().err
+
+
+def test_the_example_model_profiles_into_a_file_batchfill_plan_accepts(
+    triton: LocalTriton, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The done-when of `batchfill profile`: the shipped example (PP-OCRv4 recognizer, onnxruntime in the Python
+    backend) served by the real Triton with its planned config, profiled into its own BatchedModel file."""
+    from batchfill.adapters.profiler import default_batch_sizes
+    from batchfill.api.validate import load_model as load_bm
+    from batchfill.api.validate import parse_documents
+    from batchfill.policy.plan import plan_batching
+    from batchfill.render import render_model_config
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "ocr-recognizer.yaml"
+    bm = load_bm(parse_documents(example.read_text())[0])
+    plan = plan_batching(bm.spec).to_status()
+    load_model(triton, bm.spec.model.name, render_model_config(bm.spec, plan, instance_kind="KIND_CPU"),
+               "ocr_recognizer")  # fmt: skip
+    url = triton.http_url
+    argv = ["profile", "--url", url, "--model", bm.spec.model.name, "-f", str(example), "--repeats", "5",
+            "--warmup", "2", "-o", "yaml"]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    doc = yaml.safe_load(captured.out)
+    sizes = [p["batchSize"] for p in doc["spec"]["profile"]]
+    assert sizes == default_batch_sizes(plan.maxBatchSize)  # the server's max_batch_size bounds the default sizes
+    assert all(p["latencyMs"] > 0 for p in doc["spec"]["profile"])
+    assert doc["metadata"]["name"] == bm.metadata.name
+    assert "plan: max_batch_size" in captured.err  # -o yaml: the plan line goes to stderr, stdout stays a document
+    out = tmp_path / "measured.yaml"
+    out.write_text(captured.out, encoding="utf-8")
+    assert main(["plan", str(out)]) == 0

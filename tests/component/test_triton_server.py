@@ -14,7 +14,12 @@ from tritonclient.utils import InferenceServerException
 from batchfill.adapters.loadgen import grpc_fp32_input, run_poisson
 from batchfill.adapters.model_repo import write_model
 from batchfill.adapters.triton_local import LocalTriton, TritonStartError, process_group_alive
-from batchfill.adapters.triton_stats import delta, measure_profile, read_model_stats, summary_quantile_ms
+from batchfill.adapters.triton_stats import (
+    delta,
+    measure_profile,
+    summary_quantile_ms,
+    wait_for_counts,
+)
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.status import PlanStatus
 from batchfill.render import render_model_config
@@ -106,8 +111,9 @@ def test_rendered_config_loads_serves_and_batches(triton: LocalTriton) -> None:
     np.testing.assert_array_equal(client.infer(name, [inp]).as_numpy("OUTPUT0"), data)
 
     # 8 concurrent single-sample requests: the first runs alone (nothing else is queued yet); the dynamic
-    # batcher must put the rest into batches of more than one.
-    before = read_model_stats(client, name)
+    # batcher must put the rest into batches of more than one. Triton records an execution's statistics just
+    # after responding, so the baseline waits until the 3-sample request above is counted.
+    before = wait_for_counts(client, name, inferences=3)
 
     def one(i: int) -> np.ndarray:
         c = triton.http_client()
@@ -122,7 +128,7 @@ def test_rendered_config_loads_serves_and_batches(triton: LocalTriton) -> None:
         outs = list(pool.map(one, range(8)))
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out, np.full((1, 4), i, dtype=np.float32))  # each gets its own rows
-    d = delta(before, read_model_stats(client, name))
+    d = delta(before, wait_for_counts(client, name, inferences=before.inference_count + 8))
     client.close()
     print(f"8 concurrent requests ran as batches {sorted(d.batches)} ({d.execution_count} executions)")
     assert d.inference_count == 8

@@ -24,7 +24,7 @@ def test_spike_run_prints_the_table_and_writes_png_and_json(tmp_path: Path, caps
     captured = capsys.readouterr()
     out = captured.out
     assert "Traceback" not in captured.out + captured.err
-    assert "spike: Poisson 200 -> 600 req/s at 400 s for 200 s, 1200 s, seed 0" in out
+    assert "spike: Poisson 200 -> 400 req/s at 400 s for 200 s, 1200 s, seed 0" in out
     table_lines = [line.strip() for line in out.splitlines()]
     for name in [*POLICIES, "lower bound", "lower bound, fractional"]:
         assert any(line.startswith(f"{name} ") for line in table_lines), f"no table row for {name}"
@@ -186,3 +186,32 @@ def test_parse_duration(text: str, seconds: float) -> None:
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace", "bursty", "--cv", "0"], "--cv=0.0 must be finite"),
+        (["--trace", "diurnal", "--peak-to-trough", "0.5"], "--peak-to-trough=0.5 must be finite"),
+        (["--trace", "spike", "--start", "3h"], "--start=10800.0 must be finite"),
+    ],
+)
+def test_trace_errors_name_the_flag(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    assert main(["simulate", str(SEED), "--duration", "2m", *args, "--plot", ""]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_peak_above_max_replicas_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", str(SEED), "--trace", "spike", "--duration", "10m", "--mean-rps", "300", "--peak-rps", "1000"]
+    assert main([*argv, "--policies", "static-peak", "--plot", ""]) == 0
+    out = capsys.readouterr().out
+    assert "needs 10 replicas at capacity; spec.scaling.maxReplicas=8 caps every autoscaler" in out
+
+
+def test_hpa_targets_can_be_named_in_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", str(SEED), "--trace", "spike", "--duration", "5m", "--mean-rps", "100"]
+    assert main([*argv, "--policies", "hpa-gpu@90,hpa-gpu", "--plot", ""]) == 0
+    out = capsys.readouterr().out
+    assert "hpa-gpu@90 " in out
+    assert main([*argv, "--policies", "hpa-gpu@0", "--plot", ""]) == 2
+    assert "policy 'hpa-gpu@0': the target after '@' must be a percentage in (0, 100]" in capsys.readouterr().err

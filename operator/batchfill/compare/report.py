@@ -8,6 +8,7 @@ fewer GPU-hours than the HPA on GPU utilization at equal or better SLO attainmen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -128,16 +129,21 @@ def checks(c: Comparison) -> list[Check]:
                 + ("" if saving >= MIN_SAVING_VS_STATIC else f" (missed by {MIN_SAVING_VS_STATIC - saving:.1%})"),
             )
         )
-    hpa = c.run("hpa-gpu")
-    if hpa is not None:
-        fewer = ours.gpu_seconds < hpa.gpu_seconds
-        as_good = ours.slo_attainment >= hpa.slo_attainment - SLO_EQUAL_TOLERANCE
+    # every HPA-on-GPU run (the common 80 % target and any tuned ``hpa-gpu@<pct>``): batchfill must use fewer
+    # GPU-hours than each one that keeps an equal or better SLO attainment; the closest such run is reported
+    hpas = [r for r in c.runs if r.policy == "hpa-gpu" or r.policy.startswith("hpa-gpu@")]
+    rivals = [r for r in hpas if r.slo_attainment >= ours.slo_attainment - SLO_EQUAL_TOLERANCE]
+    if hpas:
+        closest = min(rivals or hpas, key=lambda r: r.gpu_seconds)
+        met = all(ours.gpu_seconds < r.gpu_seconds for r in rivals)
+        others = ", ".join(f"{r.policy} {r.gpu_hours:.2f} GPU-h at {r.slo_attainment:.4%}" for r in hpas)
         out.append(
             Check(
                 "fewer GPU-hours than HPA on GPU utilization at equal (within 0.01 pp) or better SLO attainment",
-                fewer and as_good,
-                f"{ours.gpu_hours:.2f} vs {hpa.gpu_hours:.2f} GPU-h ({ours.gpu_seconds / hpa.gpu_seconds:.3f} x), "
-                f"SLO {ours.slo_attainment:.4%} vs {hpa.slo_attainment:.4%}",
+                met,
+                f"{ours.gpu_hours:.2f} vs {closest.gpu_hours:.2f} GPU-h of {closest.policy}, the cheapest HPA target "
+                f"that keeps the SLO as well ({ours.gpu_seconds / closest.gpu_seconds:.3f} x); SLO "
+                f"{ours.slo_attainment:.4%}; all HPA runs: {others}",
             )
         )
     return out
@@ -216,25 +222,32 @@ def figure(c: Comparison, title: str = "") -> Figure:
             linestyle=":",
             label="lower bound ceil(λ/C)",
         )
-    # a policy far off the others (a bang-bang controller at maxReplicas) would flatten every other line:
-    # the axes stop at 1.4 x static peak and 20 x T, and such a policy is drawn faint and labelled off scale
-    rep_top = 1.4 * max(c.static_replicas, 1)
-    p99_top = 20.0 * budget
-    for r in c.runs:
+    # a policy far off the others (a bang-bang controller at maxReplicas) would flatten every other line: the
+    # replica axis stops a little above the highest peak of the rest, and such a policy is drawn faint, labelled
+    # off scale; policies that overlap (same counts) stay apart through their line styles
+    static = max(c.static_replicas, 1)
+    near = [r.peak_replicas for r in c.runs if r.peak_replicas <= 3 * static]
+    rep_top = 1.15 * max([static, *near])
+    styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (3, 1, 1, 1, 1, 1))]
+    lowest = budget
+    for i, r in enumerate(c.runs):
         hours = _hours(r)
         off = r.peak_replicas > rep_top
         label = f"{r.policy} (up to {r.peak_replicas}, off scale)" if off else r.policy
-        style = {"linewidth": 0.5, "alpha": 0.35} if off else {"linewidth": 1.0}
+        style: dict[str, Any] = {"linewidth": 0.6, "alpha": 0.5} if off else {"linewidth": 1.1}
+        style["linestyle"] = styles[i % len(styles)]
         ax_rep.step(hours, [k.current for k in r.ticks], where="post", label=label, **style)
         p99 = [np.nan if k.p99_ms is None else k.p99_ms for k in r.ticks]
-        ax_p99.plot(hours, p99, label=r.policy, **({"linewidth": 0.5, "alpha": 0.35} if off else {"linewidth": 0.7}))
+        lowest = min([lowest, *(v for v in p99 if v == v and v > 0)])
+        ax_p99.plot(hours, p99, label=r.policy, **{**style, "linewidth": style["linewidth"] * 0.7})
     ax_rep.set_ylim(0, rep_top)
-    ax_p99.set_ylim(top=p99_top)
     ax_rep.set_ylabel("replicas")
     ax_rep.legend(fontsize=8, ncol=3)
     ax_p99.axhline(budget, color="red", linestyle="--", linewidth=1.0, label=f"T = {budget:g} ms")
+    # log scale first, then positive limits: a linear autoscale would leave a negative bottom (a blank panel)
     ax_p99.set_yscale("log")
-    ax_p99.set_ylabel("p99 per tick (ms)")
+    ax_p99.set_ylim(lowest / 1.5, 20.0 * budget)
+    ax_p99.set_ylabel("p99 per tick (ms, log)")
     ax_p99.set_xlabel("time (h)")
     ax_p99.legend(fontsize=8, ncol=3)
     return fig

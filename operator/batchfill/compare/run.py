@@ -4,7 +4,8 @@ Policies (names are API of ``batchfill simulate --policies``):
 
 * ``batchfill``: the operator's policy (``policy.scaling.decide``).
 * ``hpa-gpu``: Kubernetes HPA on GPU utilization (DCGM duty cycle), target ``hpa_gpu_target`` (default 80 %, the
-  setting GPU autoscaling guides commonly show).
+  setting GPU autoscaling guides commonly show); ``hpa-gpu@<percent>`` sets another target (``hpa-gpu@90``), so
+  the benchmark can also compare against the best-tuned target.
 * ``keda-rps``: KEDA/HPA on requests per second per replica, target ``u · C`` (the plan's capacity at the spec's
   target utilization: the best a user could choose, found with this project's planner).
 * ``keda-queue``: KEDA/HPA on Triton's average queue time, target the mean queue time the simulator predicts
@@ -175,10 +176,9 @@ def make_autoscaler(name: str, setup: Setup, options: Options, static_replicas: 
     s = setup.spec.scaling
     if name == "batchfill":
         return BatchfillAutoscaler(setup.plan, s)
-    if name == "hpa-gpu":
-        return HorizontalPodAutoscaler(
-            name, gpu_utilization_metric(options.hpa_gpu_target), s.minReplicas, s.maxReplicas
-        )
+    if name == "hpa-gpu" or name.startswith("hpa-gpu@"):
+        target = options.hpa_gpu_target if name == "hpa-gpu" else hpa_gpu_target_of(name)
+        return HorizontalPodAutoscaler(name, gpu_utilization_metric(target), s.minReplicas, s.maxReplicas)
     if name == "keda-rps":
         return HorizontalPodAutoscaler(
             name, request_rate_metric(setup.per_replica_target_rps), s.minReplicas, s.maxReplicas
@@ -221,9 +221,27 @@ class Comparison:
         return next((r for r in self.runs if r.policy == policy), None)
 
 
+def hpa_gpu_target_of(name: str) -> float:
+    """``hpa-gpu@85`` -> 0.85.
+
+    Raises:
+        CompareError: a suffix that is not a percentage in (0, 100].
+    """
+    try:
+        pct = float(name.partition("@")[2])
+    except ValueError:
+        pct = math.nan
+    if not 0 < pct <= 100:
+        raise CompareError(f"policy {name!r}: the target after '@' must be a percentage in (0, 100]")
+    return pct / 100.0
+
+
 def check_policies(policies: Sequence[str]) -> None:
     """Raises CompareError naming the first unknown policy and the choices."""
-    unknown = [p for p in policies if p not in POLICIES]
+    for p in policies:
+        if p.startswith("hpa-gpu@"):
+            hpa_gpu_target_of(p)
+    unknown = [p for p in policies if p not in POLICIES and not p.startswith("hpa-gpu@")]
     if unknown:
         raise CompareError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
     if not policies:
@@ -275,6 +293,7 @@ def compare(
             tick_s=opts.tick_s,
             scrape_s=opts.scrape_s,
             window_s=opts.window_s,
+            warmup_s=opts.window_s,  # the fleet starts Ready at the first minute's need, with no signal history
         )
         report = None if progress is None else (lambda t, n=name: progress(n, t))
         runs.append(simulate_fleet(trace, config, auto, progress=report))

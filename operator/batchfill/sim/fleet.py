@@ -16,7 +16,8 @@ What is modelled, and the reason for each choice:
   request, GPU busy fraction) and each replica's p99 over ``p99_window_s`` (Triton's latency summary). Counts are
   attributed to the interval in which their batch started (at most one execution, ≤ T, early).
 * **Autoscaler** is anything with ``decide(observation) -> ScaleDecision`` (:class:`Autoscaler`), called every
-  ``tick_s``; the new count takes effect at once (creations, removals).
+  ``tick_s`` from ``warmup_s`` on (a fleet that starts Ready, as one that had been running, has no signal history
+  before its first window); the new count takes effect at once (creations, removals).
 
 Pure and deterministic: the trace is seeded, time is simulated; nothing is read from the clock. One pass over
 the trace, O(requests) work in numpy plus one Python step per executed batch, memory O(window + histogram).
@@ -69,6 +70,7 @@ class FleetConfig:
         window_s: rate window of the signals, seconds.
         p99_window_s: window of Triton's latency summary, seconds.
         max_replicas: hard cap on replicas, whatever the autoscaler asks.
+        warmup_s: no autoscaler call before this time, seconds (the count stays ``initial_replicas``).
     """
 
     batcher: BatcherConfig
@@ -82,6 +84,7 @@ class FleetConfig:
     window_s: float = 60.0
     p99_window_s: float = 60.0
     max_replicas: int = 10_000
+    warmup_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("budget_ms", "tick_s", "scrape_s", "window_s", "p99_window_s"):
@@ -107,8 +110,8 @@ class Observation:
         ready: of those, Ready.
         starting: of those, not Ready yet.
         window_s: rate window, seconds.
-        request_rate_rps: Σ over Ready replicas of requests completed in the window / the part of the window the
-            replica was Ready (Prometheus' ``rate`` of a young series), req/s.
+        request_rate_rps: requests completed by the Ready replicas in the window / the window, req/s: the
+            operator's Σ increase / window (a replica younger than the window is counted over the whole window).
         completed: requests completed by the Ready replicas in the window.
         avg_batch_size: samples per execution in the window; None without executions.
         queue_time_ms: mean queue time per request in the window, ms; None without requests.
@@ -320,13 +323,11 @@ def simulate_fleet(
         live = [r for r in replicas if r.removed_s is None]
         ready = [r for r in live if r.ready_s <= now + 1e-9]
         completed = executions = pending = 0
-        queue = rate = 0.0
+        queue = 0.0
         p99: float | None = None
         for r in ready:
             c, e, q, _b, _l = _window_sum(r.recent, now - cfg.window_s)
             completed, executions, queue = completed + c, executions + e, queue + q
-            # Prometheus' rate() over a series younger than the window covers only its own samples
-            rate += c / min(cfg.window_s, max(now - r.ready_s, cfg.scrape_s))
             pending += r.batcher.pending
             lats = [a for a in _window_sum(r.recent, now - cfg.p99_window_s)[4] if a.size]
             if lats:
@@ -344,7 +345,7 @@ def simulate_fleet(
             ready=len(ready),
             starting=len(live) - len(ready),
             window_s=cfg.window_s,
-            request_rate_rps=rate,
+            request_rate_rps=completed / cfg.window_s,
             completed=completed,
             avg_batch_size=completed / executions if executions else None,
             queue_time_ms=queue / completed if completed else None,
@@ -385,7 +386,7 @@ def simulate_fleet(
                 r.recent.popleft()
         if (k + 1) % ticks_per_step == 0 and t1 < trace.duration_s:
             obs = observe(t1)
-            decision = autoscaler.decide(obs)
+            decision = autoscaler.decide(obs) if t1 >= cfg.warmup_s else ScaleDecision(obs.current, "WarmUp")
             desired = max(0, min(decision.replicas, cfg.max_replicas))
             if desired != obs.current:
                 scale_events += 1

@@ -165,9 +165,14 @@ def diurnal(
     return Trace(
         name="diurnal",
         description=(
-            f"diurnal day: Poisson, mean {mean_rps:g} req/s, peak/trough {peak_to_trough:g} "
-            f"(peak {trough * peak_to_trough:.4g}, trough {trough:.4g} req/s at {peak_hour:g}h), "
-            f"{duration_s / 3600:g} h, seed {seed}"
+            f"diurnal day: Poisson, mean {mean_rps:g} req/s over a {period_s / 3600:g} h day, peak/trough "
+            f"{peak_to_trough:g} (peak {trough * peak_to_trough:.4g} req/s at {peak_hour:g}h, trough {trough:.4g}), "
+            + (
+                f"{duration_s / 3600:g} h"
+                if duration_s >= period_s
+                else f"its first {duration_s / 3600:g} h (mean {float(np.mean(rates)):.4g} req/s)"
+            )
+            + f", seed {seed}"
         ),
         duration_s=duration_s,
         mean_rps=float(np.mean(rates)),
