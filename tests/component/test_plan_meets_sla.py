@@ -61,6 +61,7 @@ pytestmark = pytest.mark.component
 ALPHA_MS = 10.0
 BETA_MS = 2.0
 SLA_P99_MS = 80.0
+SAFETY_MARGIN_PERCENT = 5.0
 NETWORK_OVERHEAD_MS = 10.0  # so T = 70 ms
 PROFILE_SIZES = [1, 2, 4, 8, 16, 32]
 SLA_LOAD = 0.9
@@ -199,6 +200,10 @@ def spec(triton: LocalTriton) -> BatchedModelSpec:
             },
             "sla": {"latencyP99Ms": SLA_P99_MS, "networkOverheadMs": NETWORK_OVERHEAD_MS},
             "profile": [{"batchSize": b, "latencyMs": round(v, 3)} for b, v in m.mean_ms.items()],
+            # 5 % of the budget kept back, as a user on a shared 2-core machine would: the real server runs a few
+            # % above the simulation at 90 % load (the comparison below), and the client's own p99 (asyncio on
+            # the same cores) sat at 80.2 ms against the 80 ms SLA in two CI runs without it
+            "batching": {"safetyMarginPercent": SAFETY_MARGIN_PERCENT},
             "triton": {"gpusPerReplica": 0},
         }
     )
