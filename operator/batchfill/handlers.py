@@ -164,7 +164,12 @@ class _PeriodicLoop:
             if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
                 continue
             seen.add(meta["uid"])
-            self._one(body, now)
+            try:
+                self._one(body, now)
+            except (KubeTemporaryError, KubePermanentError):
+                raise
+            except Exception:  # one model's bad data (a hand-edited status) must not stop the pass for the others
+                log.exception("%s of %s/%s failed", self.name, meta["namespace"], meta["name"])
         self._forget(seen)
 
     def _one(self, body: dict[str, Any], now: float) -> None:

@@ -16,6 +16,7 @@ import datetime
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,9 +98,13 @@ def adopted_profile(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Measu
     ):
         return None
     try:
-        return tuple((int(p["batchSize"]), float(p["latencyMs"])) for p in points)
+        out = tuple((int(p["batchSize"]), float(p["latencyMs"])) for p in points)
     except (KeyError, TypeError, ValueError):
         return None  # a hand-edited status: plan from the spec
+    sizes = [b for b, _ in out]
+    if sizes != sorted(set(sizes)) or any(b < 1 or not (math.isfinite(ms) and ms > 0) for b, ms in out):
+        return None  # unsorted, duplicate or non-positive points (hand-edited): plan from the spec
+    return out
 
 
 @functools.lru_cache(maxsize=512)
@@ -166,7 +171,7 @@ def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dic
 
     A None (here or inside an object) removes the field in the merge patch, so it equals an absent one.
     """
-    return {k: v for k, v in wanted.items() if current.get(k) != _stored(v)}
+    return {k: v for k, v in wanted.items() if _stored(current.get(k)) != _stored(v)}
 
 
 def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) -> dict[str, Any]:
@@ -294,8 +299,14 @@ def desired_status(
         "readyReplicas": ready,
     }
     if desired.profile_source != MEASURED:  # a measured profile in use is written by the profiling loop
+        # every field, as the API server stores it (CRD defaults included): a partial object would never compare
+        # equal (a no-op PATCH every pass), and a merge patch would leave an older measurement's fields behind
         out["plannedProfile"] = {
             "source": desired.profile_source,
+            "points": [],
+            "since": None,
+            "reason": "",
+            "message": "",
             "declaredHash": profile_hash((body.get("spec") or {}).get("profile")),
         }
     return out
@@ -607,6 +618,17 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
         return ProfileTick({}, reason=decision.reason)
     measured_status = {"points": _points(fitted), "pods": pods, "measuredAt": cond.rfc3339(now)}
     if decision.replan:
+        try:
+            desired_state(spec_d, tuple((p.batch_size, p.latency_ms) for p in fitted))
+        except SpecError as err:  # the measurement cannot be planned (e.g. l(1) above T): say so, keep the plan
+            why = "; ".join(str(p) for p in err.problems)
+            message = f"measured profile not adopted: {why}"
+            last = _seconds((status.get("measuredProfile") or {}).get("measuredAt"))
+            fresh = last is not None and now - last < prof.replanIntervalSeconds
+            if fresh:
+                return ProfileTick({}, reason="MeasuredProfileInfeasible")
+            return ProfileTick({"measuredProfile": measured_status}, (("Warning", "MeasuredProfileInfeasible",
+                               message),), reason="MeasuredProfileInfeasible")  # fmt: skip
         new_planned = {
             "source": MEASURED,
             "points": _points(fitted),

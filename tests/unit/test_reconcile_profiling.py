@@ -50,7 +50,14 @@ def test_without_a_profile_the_first_plan_is_served_with_unknown_capacity() -> N
     wanted = desired_status(body(SPEC), d, {"status": {"replicas": 1, "readyReplicas": 1}}, now=T0)
     assert find(wanted["conditions"], "Planned")["reason"] == "FirstPlan"  # type: ignore[index]
     assert find(wanted["conditions"], "SLAFeasible")["status"] == "Unknown"  # type: ignore[index]
-    assert wanted["plannedProfile"] == {"source": "FirstPlan", "declaredHash": "none"}
+    assert wanted["plannedProfile"] == {
+        "source": "FirstPlan",
+        "points": [],
+        "since": None,  # removes an older measurement's adoption time in the merge patch
+        "reason": "",
+        "message": "",
+        "declaredHash": "none",
+    }
 
 
 def test_the_first_plan_needs_the_models_batch_limit() -> None:
@@ -147,3 +154,27 @@ def test_ready_pod_ips() -> None:
         pod("d", "1.2.3.4", True, True),
     ]
     assert ready_pod_ips(pods) == [("a", "127.1.0.2")]
+
+
+def test_unsorted_or_duplicate_hand_edited_points_are_not_adopted() -> None:
+    for points in ([{"batchSize": 4, "latencyMs": 9}, {"batchSize": 2, "latencyMs": 8}],
+                   [{"batchSize": 2, "latencyMs": 8}, {"batchSize": 2, "latencyMs": 9}],
+                   [{"batchSize": 1, "latencyMs": -1}]):  # fmt: skip
+        status = {"plannedProfile": {"source": "Measured", "points": points, "declaredHash": "none"}}
+        assert adopted_profile(SPEC, status) is None, points
+
+
+def test_an_infeasible_measurement_is_not_adopted_and_said_once_per_interval() -> None:
+    tick = profile_tick(body(SPEC), totals(alpha=500.0), pods=1, now=T0)  # l(1) = 506 ms > T = 180 ms
+    assert not tick.replan
+    assert set(tick.status) == {"measuredProfile"}
+    assert tick.events[0][:2] == ("Warning", "MeasuredProfileInfeasible")
+    assert "measured profile not adopted" in tick.events[0][2]
+    again = profile_tick(body(SPEC, dict(tick.status)), totals(alpha=500.0), pods=1, now=T0 + 15)
+    assert (again.status, again.events) == ({}, ())
+
+
+def test_min_replicas_zero_needs_a_profile() -> None:
+    spec = copy.deepcopy(SPEC) | {"scaling": {"minReplicas": 0}}
+    with pytest.raises(SpecError, match=r"spec\.scaling\.minReplicas=0 needs spec\.profile"):
+        desired_state(spec)

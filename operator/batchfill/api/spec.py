@@ -311,8 +311,9 @@ class ProfilingSpec(_Model):
         default=None,
         description=(
             "Declared: plan from spec.profile, re-plan only when the measurement disagrees beyond "
-            "tolerancePercent. Measured: start from a first plan, then plan from the measurement. Default: "
-            "Declared when spec.profile is given, else Measured."
+            "tolerancePercent. Measured: plan from the measurement once there is one (until then from "
+            "spec.profile, or a first plan without one). Default: Declared when spec.profile is given, else "
+            "Measured."
         ),
     )
     tolerancePercent: float = Field(

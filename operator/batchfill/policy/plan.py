@@ -543,6 +543,16 @@ def first_plan(spec: BatchedModelSpec) -> PlanResult:
                 )
             ]
         )
+    if spec.scaling.minReplicas < 1:
+        raise SpecError(
+            [
+                Problem(
+                    "spec.scaling.minReplicas",
+                    "=0 needs spec.profile: without one the profile is measured on running pods, and a model at 0 "
+                    "replicas is never measured (set minReplicas >= 1 or declare a profile)",
+                )
+            ]
+        )
     batch = b.maxBatchSize
     preferred = tuple(sorted(b.preferredBatchSizes)) if b.preferredBatchSizes else tuple(range(1, batch + 1))
     delay = 0 if batch == 0 else (b.maxQueueDelayMicroseconds or MIN_QUEUE_DELAY_US)

@@ -4,9 +4,12 @@ Input: per batch size, executions and total execution time (``batch_stats[b]``: 
 compute_output, summed over the BatchedModel's Ready pods as deltas since each pod was first seen, so model
 warm-up is excluded). Output: the mean execution latency of every size with enough executions, plus — when
 live traffic never formed batches as large as the plan may use — a point at that size from a weighted
-least-squares line ``l(b) = α + β·b`` through the measured sizes. Batch latency on GPUs grows sub-linearly
-in ``b`` (Clipper, NSDI'17, Fig. 3; Nexus, SOSP'19, §3), so extending a line fitted on small batches
-over-estimates large ones: the plan it gives errs towards lower capacity, never towards missed SLAs.
+least-squares line ``l(b) = α + β·b`` through the measured sizes. The line is an assumption: it over-estimates
+a latency that bends down at large ``b`` (GPU batching, Clipper NSDI'17 Fig. 3), but under-estimates one that
+grows faster than linearly (the CPU-run example model: −21 % at b = 16 from sizes 1-3), and one that is flat at
+small ``b`` then linear. A model whose latency is not at most linear should declare its profile (``batchfill
+profile``) or cap ``spec.batching.maxBatchSize``; the first live batches of the new plan are measured too, and
+a disagreement beyond the tolerance re-plans after the interval.
 
 The replan rule: a measured profile is adopted when the spec declares none (``Measured``), or when at some
 measured size it differs from the declared profile by more than the stated tolerance; at most once per
@@ -160,7 +163,7 @@ def decide_replan(
     reference = LatencyProfile.from_points(_as_profile(adopted)) if adopted else declared
     if reference is None:
         sizes = ", ".join(f"{p.batch_size}: {p.latency_ms:.3g} ms" for p in measured)
-        return ReplanDecision(True, "ProfileMeasured", f"measured profile ({sizes}) replaces the first plan")
+        return ReplanDecision(True, "ProfileMeasured", f"measured profile ({sizes}) replaces the plan's profile")
     worst = largest_disagreement(reference, measured)
     if worst is None:
         return ReplanDecision(False, "ProfileNotComparable", "no measured batch size lies in the planned profile")
