@@ -357,7 +357,7 @@ def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
         "a plan from the measured profile",
         lambda: lab.bm(name),
         lambda b: (b["status"].get("plannedProfile") or {}).get("source") == "Measured",
-        180,
+        420,  # measured in 30-150 s on this machine; see the closing note of session 3
     )
     status = bm["status"]
     points = status["plannedProfile"]["points"]
