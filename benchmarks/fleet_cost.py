@@ -28,14 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 from rich.console import Console
 
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.validate import load_model
 from batchfill.compare.report import COLUMN_LEGEND, checks, figure, markdown_table
-from batchfill.compare.run import POLICIES, Comparison, Options, Setup, compare, prepare
+from batchfill.compare.run import POLICIES, Comparison, Options, compare, one_replica_at, prepare
 from batchfill.sim import traces
 from batchfill.sim.batcher import poisson_unit_arrivals, simulate_batcher
 from batchfill.simulate import print_comparison
@@ -49,14 +48,6 @@ SPEED_MEAN_RPS = 2000.0
 SPEED_TARGET_S = 30.0
 #: Tuned HPA-on-GPU targets run next to the common 80 % on the diurnal day.
 HPA_SWEEP = ("hpa-gpu@85", "hpa-gpu@88", "hpa-gpu@90")
-
-
-def busy_fraction_at(setup: Setup, rate_rps: float) -> float:
-    """Simulated GPU busy fraction of one replica under Poisson load at ``rate_rps``."""
-    arrivals = (poisson_unit_arrivals(50_000, 9) * (1000.0 / rate_rps)).tolist()
-    run = simulate_batcher(arrivals, setup.batcher, setup.latency_ms)
-    busy = float(np.asarray(setup.latency_ms)[run.batch_sizes].sum())
-    return busy / (run.dispatch_ms[-1] + setup.latency_ms[run.batch_sizes[-1]])
 
 
 def load_spec() -> BatchedModelSpec:
@@ -271,7 +262,7 @@ def main() -> int:
     png_dir.mkdir(parents=True, exist_ok=True)
     setup = prepare(spec)
     results = []
-    busy_at_capacity = busy_fraction_at(setup, setup.capacity_rps)
+    busy_at_capacity, _ = one_replica_at(setup.batcher, setup.latency_ms, setup.capacity_rps, seed=9, requests=50_000)
     for sc in scenarios(args.quick):
         t0 = time.perf_counter()
         policies = [*POLICIES, *HPA_SWEEP] if sc.key == "diurnal" else list(POLICIES)

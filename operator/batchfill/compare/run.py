@@ -42,7 +42,14 @@ from batchfill.compare.autoscalers import (
 from batchfill.policy.plan import plan_batching, replicas_for
 from batchfill.policy.profile import LatencyProfile
 from batchfill.sim.batcher import BatcherConfig, poisson_unit_arrivals, simulate_batcher
-from batchfill.sim.fleet import Autoscaler, FleetConfig, FleetRun, lower_bound_gpu_seconds, simulate_fleet
+from batchfill.sim.fleet import (
+    Autoscaler,
+    FleetConfig,
+    FleetRun,
+    lower_bound_gpu_seconds,
+    minute_rates,
+    simulate_fleet,
+)
 from batchfill.sim.traces import Trace
 
 POLICIES = ("batchfill", "hpa-gpu", "keda-rps", "keda-queue", "static-peak")
@@ -107,6 +114,18 @@ class Setup:
         return max(1, self.spec.triton.gpusPerReplica)
 
 
+def one_replica_at(
+    batcher: BatcherConfig, table: Sequence[float], rate_rps: float, *, seed: int, requests: int = _TARGET_REQUESTS
+) -> tuple[float, float]:
+    """(GPU busy fraction, mean queue time per request in ms) of one replica under Poisson load at ``rate_rps``."""
+    arrivals = (poisson_unit_arrivals(requests, seed) * (1000.0 / rate_rps)).tolist()
+    run = simulate_batcher(arrivals, batcher, table)
+    exec_ms = np.asarray(table)[run.batch_sizes]
+    busy = float(exec_ms.sum()) / (run.dispatch_ms[-1] + exec_ms[-1]) / batcher.executors
+    queue = float(run.latencies_ms.mean() - np.dot(exec_ms, run.batch_sizes) / run.batch_sizes.sum())
+    return busy, queue
+
+
 def prepare(spec: BatchedModelSpec, *, seed: int = 0) -> Setup:
     """Plan ``spec`` and simulate one replica at ``u · C`` for the baselines' targets.
 
@@ -128,11 +147,7 @@ def prepare(spec: BatchedModelSpec, *, seed: int = 0) -> Setup:
     table = tuple(LatencyProfile.from_points(spec.profile).table(batcher.batch_cap))
     u = spec.scaling.targetUtilization
     rate = u * capacity
-    arrivals = (poisson_unit_arrivals(_TARGET_REQUESTS, seed + 7) * (1000.0 / rate)).tolist()
-    run = simulate_batcher(arrivals, batcher, table)
-    exec_ms = np.asarray(table)[run.batch_sizes]
-    busy = float(exec_ms.sum()) / (run.dispatch_ms[-1] + exec_ms[-1]) / batcher.executors
-    queue = float(run.latencies_ms.mean() - np.dot(exec_ms, run.batch_sizes) / run.batch_sizes.sum())
+    busy, queue = one_replica_at(batcher, table, rate, seed=seed + 7)
     return Setup(
         spec=spec,
         plan=plan,
@@ -155,15 +170,9 @@ def arrivals_per_minute(trace: Trace) -> npt.NDArray[np.int64]:
     return minutes
 
 
-def _minute_rates(minutes: npt.NDArray[np.int64], duration_s: float) -> npt.NDArray[np.float64]:
-    spans = np.full(len(minutes), 60.0)
-    spans[-1] = duration_s - 60.0 * (len(minutes) - 1)
-    return np.divide(minutes.astype(np.float64), spans, out=np.zeros(len(minutes)), where=spans > 0)
-
-
 def static_peak_replicas(minutes: npt.NDArray[np.int64], duration_s: float, capacity_rps: float) -> int:
     """``ceil(peak minute rate / C)``, at least 1."""
-    peak = float(_minute_rates(minutes, duration_s).max()) if len(minutes) else 0.0
+    peak = float(minute_rates(minutes, duration_s).max()) if len(minutes) else 0.0
     return max(1, math.ceil(peak / capacity_rps - 1e-9))
 
 
@@ -276,7 +285,7 @@ def compare(
     check_policies(policies)
     st = setup or prepare(spec, seed=opts.seed)
     minutes = arrivals_per_minute(trace)
-    rates = _minute_rates(minutes, trace.duration_s)
+    rates = minute_rates(minutes, trace.duration_s)
     static = static_peak_replicas(minutes, trace.duration_s, st.capacity_rps)
     s = spec.scaling
     initial = replicas_for(float(rates[0]), st.capacity_rps, s.targetUtilization, max(1, s.minReplicas), s.maxReplicas)

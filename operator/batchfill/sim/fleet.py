@@ -434,6 +434,22 @@ def simulate_fleet(
     )
 
 
+def minute_spans(minutes: int, duration_s: float) -> FloatArray:
+    """Length of each minute of a trace, seconds (the last one may be partial)."""
+    spans = np.full(minutes, 60.0)
+    if minutes:
+        spans[-1] = duration_s - 60.0 * (minutes - 1)
+    return spans
+
+
+def minute_rates(arrivals_per_minute: Sequence[int] | npt.NDArray[np.int64], duration_s: float) -> FloatArray:
+    """Arrival rate of each minute, req/s (a partial last minute over its own length)."""
+    counts = np.asarray(arrivals_per_minute, dtype=np.float64)
+    spans = minute_spans(len(counts), duration_s)
+    out: FloatArray = np.divide(counts, spans, out=np.zeros_like(counts), where=spans > 0)
+    return out
+
+
 def lower_bound_gpu_seconds(
     arrivals_per_minute: Sequence[int] | npt.NDArray[np.int64],
     capacity_rps: float,
@@ -456,12 +472,8 @@ def lower_bound_gpu_seconds(
     """
     if not (math.isfinite(capacity_rps) and capacity_rps > 0):
         raise ValueError(f"capacity_rps={capacity_rps!r} must be a positive finite number")
-    counts = np.asarray(arrivals_per_minute, dtype=np.float64)
-    spans = np.full(len(counts), 60.0)
-    if len(counts):
-        spans[-1] = duration_s - 60.0 * (len(counts) - 1)
-    rates = np.divide(counts, spans, out=np.zeros_like(counts), where=spans > 0)
-    need = rates / capacity_rps
+    spans = minute_spans(len(arrivals_per_minute), duration_s)
+    need = minute_rates(arrivals_per_minute, duration_s) / capacity_rps
     if whole_replicas:
         need = np.ceil(need - 1e-9)
     return float(np.sum(need * spans) * gpus_per_replica)
