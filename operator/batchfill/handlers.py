@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +30,15 @@ from batchfill.adapters.pod_stats import PodBatchStats, PodStatsError, read_pod_
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.policy.profile_fit import BatchTotals
-from batchfill.reconcile import SpecRejectedError, changed_fields, profile_tick, ready_pod_ips, reconcile, scale_tick
-from batchfill.render.kube import Owner, selector_labels
+from batchfill.reconcile import (
+    SpecRejectedError,
+    changed_fields,
+    profile_tick,
+    ready_pod_ips,
+    reconcile,
+    scale_tick,
+)
+from batchfill.render.kube import CHILDREN_SELECTOR, Owner, selector_labels
 from batchfill.settings import OperatorSettings
 
 log = logging.getLogger("batchfill")
@@ -131,6 +139,7 @@ class _PeriodicLoop:
 
     def __init__(self, kube: Kube, settings: OperatorSettings, interval_s: float) -> None:
         self.kube, self.settings, self.interval_s = kube, settings, interval_s
+        self.view: Kube = kube  # this pass's reads (tick replaces it with a PassSnapshot)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"batchfill-{self.name}", daemon=True)
 
@@ -158,6 +167,8 @@ class _PeriodicLoop:
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("%s pass postponed: %s", self.name, err)
             return
+        # one LIST of Deployments and of pods per namespace serves every model's reads in this pass
+        self.view = self.kube.snapshot(CHILDREN_SELECTOR)
         seen = set()
         for body in models:
             meta = body["metadata"]
@@ -171,6 +182,26 @@ class _PeriodicLoop:
             except Exception:  # one model's bad data (a hand-edited status) must not stop the pass for the others
                 log.exception("%s of %s/%s failed", self.name, meta["namespace"], meta["name"])
         self._forget(seen)
+
+    def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body["metadata"]
+        self.kube.post_event(body, type_, reason, message)
+        _log_event(meta["namespace"], meta["name"], type_, reason, message)
+
+    def _reconcile(self, name: str, ns: str) -> None:
+        """Apply the children again (the object is read again: its status may have just changed)."""
+        fresh = self.kube.get_batched_model(name, ns)
+        if fresh is None:
+            return
+        try:
+            changed = reconcile(fresh, self.kube, now=time.time(), emit=lambda *e: self._event(fresh, *e))
+        except SpecRejectedError as err:
+            # e.g. a measured profile that makes the SLA infeasible: the conditions say so with the numbers, and
+            # the running pods keep their config (children are applied only for a plan that serves)
+            self.kube.patch_status(fresh, changed_fields(fresh.get("status") or {}, err.status))
+            return
+        if changed:
+            self.kube.patch_status(fresh, changed)
 
     def _one(self, body: dict[str, Any], now: float) -> None:
         raise NotImplementedError
@@ -214,7 +245,7 @@ class ScalingLoop(_PeriodicLoop):
         started = time.monotonic()
         try:
             tick = scale_tick(
-                body, self.kube, self.hub.signals, self.history.get(uid, ()), now=now, monitored=uid in self.monitored
+                body, self.view, self.hub.signals, self.history.get(uid, ()), now=now, monitored=uid in self.monitored
             )
             written = not tick.status or self.kube.patch_status(body, tick.status)
             if written and tick.scale_to is not None:
@@ -224,6 +255,13 @@ class ScalingLoop(_PeriodicLoop):
             return
         finally:
             operator_metrics.RECONCILE.labels("scale").observe(time.monotonic() - started)
+        if tick.drift:
+            log.warning("%s/%s: %s: applying its children again", ns, name, tick.drift)
+            try:
+                self._reconcile(name, ns)
+            except (KubeTemporaryError, KubePermanentError) as err:
+                log.warning("re-applying the children of %s/%s postponed: %s", ns, name, err)
+            return
         if tick.monitored:
             self.monitored.add(uid)
         else:
@@ -269,6 +307,8 @@ class ProfilingLoop(_PeriodicLoop):
     def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
         super().__init__(kube, settings, settings.profile_interval_s)
         self.baselines: dict[str, dict[str, PodBatchStats]] = {}  # model uid -> pod uid -> first statistics read
+        self.unread: set[tuple[str, str]] = set()  # (model uid, pod IP) whose last statistics read failed
+        self.unread_warned: dict[str, float] = {}  # model uid -> when StatisticsUnavailable was last posted
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="batchfill-stats")
 
     def stop(self) -> None:
@@ -285,13 +325,18 @@ class ProfilingLoop(_PeriodicLoop):
     def _forget(self, seen: set[str]) -> None:
         for uid in set(self.baselines) - seen:
             del self.baselines[uid]
+        for uid in set(self.unread_warned) - seen:
+            del self.unread_warned[uid]
+        self.unread = {k for k in self.unread if k[0] in seen}
 
     def _profile(self, body: dict[str, Any], now: float) -> None:
         """Read Triton's batch statistics of the Ready pods; adopt a measured profile when the rule says so.
 
         Each pod's first read is its baseline (model warm-up excluded); a pod whose counters fell (its Triton
-        restarted) is re-baselined. After an adoption the object is read again and reconciled: the new
-        config.pbtxt rolls the Deployment once.
+        restarted) is re-baselined. The status write uses the object as read after the statistics (a read takes
+        up to 2 s per pod, and the scaling loop writes status too), and an adoption is then reconciled: the new
+        config.pbtxt rolls the Deployment once. An adoption whose reconcile did not happen (API trouble, a
+        restart in between) is applied by the scaling loop (:func:`batchfill.reconcile.children_drift`).
         """
         meta, spec = body["metadata"], body.get("spec") or {}
         uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
@@ -299,7 +344,7 @@ class ProfilingLoop(_PeriodicLoop):
         if not model:
             return
         owner = Owner(name=name, namespace=ns, uid=uid)
-        pods = ready_pod_ips(self.kube.list_pods(ns, selector_labels(owner)))
+        pods = ready_pod_ips(self.view.list_pods(ns, selector_labels(owner)))
         bases = self.baselines.setdefault(uid, {})
         for gone in set(bases) - {p for p, _ in pods}:
             del bases[gone]
@@ -307,16 +352,17 @@ class ProfilingLoop(_PeriodicLoop):
         read = 0
         port = self.settings.triton_http_port
 
-        def one(ip: str) -> PodBatchStats | None:
+        def one(ip: str) -> PodBatchStats | PodStatsError:
             try:
-                return read_pod_batch_stats(f"{ip}:{port}", model, timeout_s=PROFILE_READ_TIMEOUT_S)
+                return read_pod_batch_stats(f"{_host(ip)}:{port}", model, timeout_s=PROFILE_READ_TIMEOUT_S)
             except PodStatsError as err:
-                log.debug("statistics of %s/%s pod %s not read: %s", ns, name, ip, err)
-                return None
+                return err
 
         results = list(self.pool.map(one, [ip for _, ip in pods]))
+        failed = [(ip, r) for (_, ip), r in zip(pods, results, strict=True) if isinstance(r, PodStatsError)]
+        self._report_unread(body, failed, len(pods), now)
         for (pod_uid, _ip), stats in zip(pods, results, strict=True):
-            if stats is None:
+            if isinstance(stats, PodStatsError):
                 continue
             base = bases.get(pod_uid)
             if base is None or any(stats.batches.get(b, (0, 0))[0] < n for b, (n, _) in base.batches.items()):
@@ -328,30 +374,51 @@ class ProfilingLoop(_PeriodicLoop):
                 acc = sums.setdefault(b, [0, 0])
                 acc[0] += n - n0
                 acc[1] += total - t0
-        tick = profile_tick(body, [BatchTotals(b, n, t) for b, (n, t) in sums.items()], read, now=now)
-        if not tick.status or not self.kube.patch_status(body, tick.status):
+        totals = [BatchTotals(b, n, t) for b, (n, t) in sums.items()]
+        tick = profile_tick(body, totals, read, now=now)
+        if not tick.status:
+            return
+        # decide again on the object as it is now: the pass's list is seconds old, and a write against its
+        # resourceVersion would lose to every status write made since (HTTP 409, the measurement dropped)
+        fresh = self.kube.get_batched_model(name, ns)
+        if fresh is None or fresh["metadata"].get("uid") != uid:
+            return
+        tick = profile_tick(fresh, totals, read, now=now)
+        if not tick.status or not self.kube.patch_status(fresh, tick.status):
             return
         for type_, reason, message in tick.events:
-            self.kube.post_event(body, type_, reason, message)
-            _log_event(ns, name, type_, reason, message)
+            self._event(fresh, type_, reason, message)
         if tick.replan:
-            fresh = self.kube.get_batched_model(name, ns)
-            if fresh is None:
-                return
+            self._reconcile(name, ns)
 
-            def emit(type_: str, reason: str, message: str) -> None:
-                self.kube.post_event(fresh, type_, reason, message)
-                _log_event(ns, name, type_, reason, message)
+    def _report_unread(
+        self, body: dict[str, Any], failed: list[tuple[str, PodStatsError]], ready: int, now: float
+    ) -> None:
+        """A Warning event when no Ready pod's statistics could be read (once per replan interval per model),
+        and a log line for each pod that turns unreadable: silence would look like a model never measured."""
+        meta = body["metadata"]
+        uid = meta["uid"]
+        for ip, err in failed:
+            if (uid, ip) not in self.unread:
+                log.warning("statistics of %s/%s pod %s not read: %s", meta["namespace"], meta["name"], ip, err)
+        now_unread = {(uid, ip) for ip, _ in failed}
+        self.unread = {k for k in self.unread if k[0] != uid} | now_unread
+        if not failed or len(failed) < ready:
+            return
+        interval = float(((body.get("spec") or {}).get("profiling") or {}).get("replanIntervalSeconds") or 600)
+        if now - self.unread_warned.get(uid, -math.inf) < interval:
+            return
+        self.unread_warned[uid] = now
+        ip, err = failed[0]
+        self._event(body, "Warning", "StatisticsUnavailable", (
+            f"Triton statistics of none of the {ready} Ready pod(s) could be read on port "
+            f"{self.settings.triton_http_port} (e.g. {ip}: {err}); the profile is not being measured"
+        ))  # fmt: skip
 
-            try:
-                changed = reconcile(fresh, self.kube, now=now, emit=emit)
-            except SpecRejectedError as err:
-                # the measured profile makes the SLA infeasible: the conditions say so with the numbers, and the
-                # running pods keep their config (children are applied only for a plan that serves)
-                self.kube.patch_status(fresh, changed_fields(fresh.get("status") or {}, err.status))
-                return
-            if changed:
-                self.kube.patch_status(fresh, changed)
+
+def _host(ip: str) -> str:
+    """A pod IP as the host part of a URL (IPv6 in brackets)."""
+    return f"[{ip}]" if ":" in ip else ip
 
 
 @kopf.on.cleanup()

@@ -35,6 +35,7 @@ from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Repl
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render import config_hash, render_model_config
 from batchfill.render.kube import (
+    CONFIG_HASH_ANNOTATION,
     Owner,
     build_configmap,
     build_deployment,
@@ -209,7 +210,7 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
     if with_monitor:
         _apply_service_monitor(kube, owner)
     old_hash = ((existing or {}).get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {}).get(
-        "batchfill.io/config-hash"
+        CONFIG_HASH_ANNOTATION
     )
     if existing is None:
         emit("Normal", "Deployed", f"created Triton Deployment with config {desired.config_hash}")
@@ -300,11 +301,13 @@ def desired_status(
     }
     if desired.profile_source != MEASURED:  # a measured profile in use is written by the profiling loop
         # every field, as the API server stores it (CRD defaults included): a partial object would never compare
-        # equal (a no-op PATCH every pass), and a merge patch would leave an older measurement's fields behind
+        # equal (a no-op PATCH every pass), and a merge patch would leave an older measurement's fields behind.
+        # ``since`` (the last adoption of a measurement) is kept: editing spec.profile must not restart the
+        # replan interval, or each edit would let a measurement replace the new profile at once.
         out["plannedProfile"] = {
             "source": desired.profile_source,
             "points": [],
-            "since": None,
+            "since": (status.get("plannedProfile") or {}).get("since"),
             "reason": "",
             "message": "",
             "declaredHash": profile_hash((body.get("spec") or {}).get("profile")),
@@ -392,6 +395,29 @@ class ScaleTick:
     scale_to: int | None = None
     events: tuple[tuple[str, str, str], ...] = ()
     monitored: bool = False
+    drift: str = ""  # why the children must be applied again (the caller reconciles instead of scaling)
+
+
+def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, status: Mapping[str, Any]) -> str:
+    """Why the children no longer serve the handled spec (empty: they do).
+
+    The create/update handlers apply the children once per generation; a Deployment deleted or re-templated by
+    hand, or a measured profile adopted in status whose apply then failed (API down, operator killed between the
+    two writes), would otherwise wait for the next spec change or operator restart: status writes start no
+    handler. Only called once the current generation has been handled.
+    """
+    if deployment is None:
+        return "the Triton Deployment is missing (deleted outside batchfill)"
+    annotations = (((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+        "annotations"
+    ) or {}
+    served = annotations.get(CONFIG_HASH_ANNOTATION)
+    if served != desired.config_hash:
+        return f"the Deployment's pods carry config {served}, the plan's is {desired.config_hash}"
+    wanted = desired.plan_status.model_dump(mode="json", exclude_none=True)
+    if _stored(status.get("plan")) != _stored(wanted):
+        return "status.plan is not the plan of the adopted profile yet"
+    return ""
 
 
 def scale_tick(
@@ -436,9 +462,10 @@ def scale_tick(
         monitored = kube.has_kind(*SERVICE_MONITOR)
     dep_name = names(owner)["deployment"]
     deployment = kube.get("apps/v1", "Deployment", dep_name, owner.namespace)
-    if deployment is None:  # the create/update handler makes it; nothing to scale yet
-        wanted_now = desired_status(body, desired, None, now=now)
-        return ScaleTick(changed_fields(status, wanted_now), desired=desired, monitored=monitored)
+    drift = children_drift(deployment, desired, status)
+    if drift:  # the generation was handled (checked above), so the handler will not apply them again
+        return ScaleTick({}, desired=desired, monitored=monitored, drift=drift)
+    assert deployment is not None
     pods = pod_counts(kube.list_pods(owner.namespace, selector_labels(owner)))
     spec, plan = desired.spec, desired.plan_status
     target = SignalTarget(owner.namespace, owner.name, spec.model.name, plan.maxBatchSize, pods.ready)
@@ -610,7 +637,7 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
         adopted=adopted,
         tolerance=prof.tolerancePercent / 100.0,
         interval_s=float(prof.replanIntervalSeconds),
-        last_replan_s=_seconds(planned.get("since")) if desired.profile_source == MEASURED else None,
+        last_replan_s=_seconds(planned.get("since")),
         now_s=now,
         min_sizes=2 if plan.maxBatchSize >= 2 else 1,
     )

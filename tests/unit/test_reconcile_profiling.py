@@ -13,6 +13,7 @@ from batchfill.policy.profile_fit import BatchTotals
 from batchfill.reconcile import (
     adopted_profile,
     changed_fields,
+    children_drift,
     desired_state,
     desired_status,
     profile_hash,
@@ -53,7 +54,7 @@ def test_without_a_profile_the_first_plan_is_served_with_unknown_capacity() -> N
     assert wanted["plannedProfile"] == {
         "source": "FirstPlan",
         "points": [],
-        "since": None,  # removes an older measurement's adoption time in the merge patch
+        "since": None,  # no measurement was ever adopted
         "reason": "",
         "message": "",
         "declaredHash": "none",
@@ -178,3 +179,43 @@ def test_min_replicas_zero_needs_a_profile() -> None:
     spec = copy.deepcopy(SPEC) | {"scaling": {"minReplicas": 0}}
     with pytest.raises(SpecError, match=r"spec\.scaling\.minReplicas=0 needs spec\.profile"):
         desired_state(spec)
+
+
+def test_editing_the_declared_profile_does_not_restart_the_replan_interval() -> None:
+    """A measurement adopted at T0; at T0 + 10 s the user declares a profile that the measurement contradicts:
+    the declared profile is served, and the measurement may replace it only once the interval has passed."""
+    status = dict(profile_tick(body(SPEC), totals(), pods=1, now=T0).status)
+    since = status["plannedProfile"]["since"]
+    spec = copy.deepcopy(SPEC) | {"profile": [{"batchSize": 1, "latencyMs": 20}, {"batchSize": 8, "latencyMs": 40}]}
+    d = desired_state(spec, adopted_profile(spec, status))
+    assert d.profile_source == "Declared"
+    wanted = desired_status(body(spec, status), d, None, now=T0 + 10)
+    assert wanted["plannedProfile"]["source"] == "Declared"
+    assert wanted["plannedProfile"]["since"] == since  # kept across the source change
+    status = {**status, **wanted}
+    early = profile_tick(body(spec, status), totals(), pods=1, now=T0 + 30)
+    assert (early.replan, early.reason) == (False, "ReplanIntervalNotElapsed")
+    late = profile_tick(body(spec, status), totals(), pods=1, now=T0 + 61)
+    assert (late.replan, late.reason) == (True, "ProfileDisagrees")
+    assert "declared 20 ms, measured 46 ms" in late.status["plannedProfile"]["message"]
+
+
+def _deployment(config_hash: str) -> dict[str, Any]:
+    return {"spec": {"template": {"metadata": {"annotations": {"batchfill.io/config-hash": config_hash}}}}}
+
+
+def test_children_that_do_not_serve_the_handled_spec_are_drift() -> None:
+    first_plan = desired_state(SPEC)
+    first = desired_status(body(SPEC), first_plan, None, now=T0 - 60)  # the first plan, reconciled
+    served = _deployment(first_plan.config_hash)
+    assert children_drift(served, first_plan, first) == ""
+    assert "missing" in children_drift(None, first_plan, first)
+    assert "carry config abc" in children_drift(_deployment("abc"), first_plan, first)
+    # a measurement adopted in status, then the API failed before the children were applied
+    status = {**first, **profile_tick(body(SPEC), totals(), pods=1, now=T0).status}
+    d = desired_state(SPEC, adopted_profile(SPEC, status))
+    assert d.config_hash == first_plan.config_hash  # here the same config.pbtxt; the capacity is new
+    assert "status.plan" in children_drift(served, d, status)
+    reconciled = {**status, **desired_status(body(SPEC, status), d, None, now=T0 + 1)}
+    assert children_drift(_deployment(d.config_hash), d, reconciled) == ""
+    assert "status.plan" in children_drift(_deployment(d.config_hash), d, status)

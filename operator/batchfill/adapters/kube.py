@@ -46,6 +46,15 @@ class KubeNotFoundError(KubePermanentError):
     """HTTP 404: the object, or its kind (a CustomResourceDefinition removed since discovery), is not served."""
 
 
+def _selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def _matches(obj: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    have = (obj.get("metadata") or {}).get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())
+
+
 def load_config(kubeconfig: str | None = None) -> None:
     """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG`` or the argument)."""
     try:
@@ -142,14 +151,26 @@ class Kube:
         result: dict[str, Any] = obj.to_dict()
         return result
 
-    def list_pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        """Pods matching the label selector."""
-        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    def list_pods(self, namespace: str, selector: Mapping[str, str] | str) -> list[dict[str, Any]]:
+        """Pods matching the label selector (``{key: value}`` equalities, or a selector string)."""
+        label_selector = selector if isinstance(selector, str) else _selector(selector)
         try:
             pods = client.CoreV1Api(self.api).list_namespaced_pod(namespace, label_selector=label_selector)
         except (ApiException, HTTPError) as e:
             raise _classify(e, f"list pods {namespace}") from None
         return [self.api.sanitize_for_serialization(p) for p in pods.items]
+
+    def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Deployments matching the label selector string."""
+        try:
+            deps = client.AppsV1Api(self.api).list_namespaced_deployment(namespace, label_selector=selector)
+        except (ApiException, HTTPError) as e:
+            raise _classify(e, f"list Deployments {namespace}") from None
+        return [self.api.sanitize_for_serialization(d) for d in deps.items]
+
+    def snapshot(self, selector: str) -> PassSnapshot:
+        """A read view for one loop pass: see :class:`PassSnapshot`."""
+        return PassSnapshot(self, selector)
 
     def scale_deployment(self, name: str, namespace: str, replicas: int) -> None:
         """Set replicas through the Deployment's scale subresource."""
@@ -240,3 +261,40 @@ class Kube:
             client.CoreV1Api(self.api).create_namespaced_event(meta["namespace"], event)
         except (ApiException, HTTPError) as e:
             log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], e)
+
+
+class PassSnapshot(Kube):
+    """The reads of one loop pass over many BatchedModels, served from one LIST per namespace and kind.
+
+    A pass asks, per model, for its Deployment and its pods. Answered one by one that is a GET and a LIST per
+    model per pass (2,000 requests every 15 s for 1,000 models, far past a client's rate limit); here the
+    Deployments and the pods that carry ``selector`` (the labels every BatchedModel child has) are listed once
+    per namespace, on first use, and filtered in memory. The view is as old as the pass: writes go straight to
+    the API through the same client, and a new pass takes a new snapshot. Everything else is :class:`Kube`'s.
+    """
+
+    def __init__(self, kube: Kube, selector: str) -> None:
+        super().__init__(kube.api)
+        self._kinds = kube._kinds  # share the discovery answers and client, which are costly to rebuild
+        self._dynamic = kube.dynamic
+        self.selector = selector
+        self._pods: dict[str, list[dict[str, Any]]] = {}
+        self._deployments: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def list_pods(self, namespace: str, selector: Mapping[str, str] | str) -> list[dict[str, Any]]:
+        if isinstance(selector, str):  # not expressible as equalities to filter on: ask the API
+            return super().list_pods(namespace, selector)
+        if namespace not in self._pods:
+            self._pods[namespace] = super().list_pods(namespace, self.selector)
+        return [p for p in self._pods[namespace] if _matches(p, selector)]
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        if (api_version, kind) != ("apps/v1", "Deployment"):
+            return super().get(api_version, kind, name, namespace)
+        if namespace not in self._deployments:
+            listed = self.list_deployments(namespace, self.selector)
+            self._deployments[namespace] = {d["metadata"]["name"]: d for d in listed}
+        found = self._deployments[namespace].get(name)
+        if found is None:  # not labelled as ours (made by hand, or before the labels): ask for it by name
+            return super().get(api_version, kind, name, namespace)
+        return found

@@ -101,7 +101,13 @@ class PlannedProfileStatus(_Status):
 
     source: str = Field(description="Declared (spec.profile), Measured (points below) or FirstPlan (none yet).")
     points: list[MeasuredPoint] = Field(default_factory=list, description="The measured points in use (Measured).")
-    since: str | None = Field(default=None, description="When this profile was adopted, RFC 3339.")
+    since: str | None = Field(
+        default=None,
+        description=(
+            "When the plan last adopted a measured profile, RFC 3339 (kept when spec.profile changes, so "
+            "spec.profiling.replanIntervalSeconds also holds after an edit)."
+        ),
+    )
     reason: str = Field(default="", description="Why (ProfileMeasured, ProfileDisagrees, ...).")
     message: str = Field(default="", description="The numbers behind the reason: old and new latency.")
     declaredHash: str = Field(

@@ -62,6 +62,10 @@ def names(owner: Owner) -> dict[str, str]:
     }
 
 
+#: Label selector of every BatchedModel's Triton pods and Deployment, in any namespace.
+CHILDREN_SELECTOR = f"app.kubernetes.io/name=triton,{MODEL_LABEL}"
+
+
 def selector_labels(owner: Owner) -> dict[str, str]:
     """Labels that select this BatchedModel's Triton pods (immutable once the Deployment exists)."""
     return {"app.kubernetes.io/name": "triton", MODEL_LABEL: owner.name}
