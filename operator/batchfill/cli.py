@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.console import Console
@@ -22,6 +22,10 @@ from batchfill import __version__
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.validate import load_model, parse_documents
 from batchfill.policy.plan import PlanResult, plan_batching, replicas_for
+
+if TYPE_CHECKING:
+    from batchfill.adapters.leader import LeaderElector
+    from batchfill.settings import OperatorSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -231,8 +235,19 @@ def cmd_simulate(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """Measure a live model's execution latency per batch size; print the profile and the plan it gives."""
-    from batchfill.profiling import ProfileError, ProfileOptions, parse_shape, run_profile
+    """Measure a live model's execution latency per batch size; print the profile and the plan it gives.
+
+    Bad flags, a bad -f file, and batch sizes the server's model cannot take exit 2 before anything is printed
+    or measured; a server, model or input problem exits 1; both as one line on stderr.
+    """
+    from batchfill.profiling import (
+        ProfileError,
+        ProfileOptions,
+        ProfileUsageError,
+        check_options,
+        parse_shape,
+        run_profile,
+    )
 
     try:
         sizes = tuple(int(b) for b in args.batch_sizes.split(",")) if args.batch_sizes else ()
@@ -245,15 +260,28 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     base = None
     try:
         shapes = tuple(parse_shape(s) for s in args.shape or [])
-        for flag, value in (("--latency-p99-ms", args.latency_p99_ms), ("--network-overhead-ms", args.network_ms)):
-            if value is not None and not (value >= 0 and value != float("inf")):
-                raise ValueError(f"{flag}={value} must be a finite number >= 0")
         if args.file:
             docs = parse_documents(_read(args.file))
             if len(docs) != 1:
                 raise ValueError(f"{args.file}: -f takes one BatchedModel, found {len(docs)} documents")
             load_model(docs[0])  # the document must be valid before minutes of measuring
             base = docs[0]
+        opts = ProfileOptions(
+            url=args.url,
+            model=args.model,
+            version=args.model_version,
+            batch_sizes=sizes,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            quantile=args.quantile,
+            shapes=shapes,
+            latency_p99_ms=args.latency_p99_ms,
+            network_overhead_ms=args.network_ms,
+            base_document=base,
+            base_path=args.file or "",
+            seed=args.seed,
+        )
+        check_options(opts)
     except OSError as e:
         _err(err, f"{args.file}: cannot read: {e.strerror or e}")
         return EXIT_USAGE
@@ -261,25 +289,14 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
         for p in e.problems:
             _err(err, f"{args.file}: {p}")
         return EXIT_USAGE
-    except ValueError as e:
+    except (ValueError, ProfileUsageError) as e:
         _err(err, str(e))
         return EXIT_USAGE
-    opts = ProfileOptions(
-        url=args.url,
-        model=args.model,
-        version=args.model_version,
-        batch_sizes=sizes,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        quantile=args.quantile,
-        shapes=shapes,
-        latency_p99_ms=args.latency_p99_ms,
-        network_overhead_ms=args.network_ms or 0.0,
-        base_document=base,
-        seed=args.seed,
-    )
     try:
         run_profile(opts, out, err, output=args.output)
+    except ProfileUsageError as e:  # a flag or the file against the model on the server, before measuring
+        _err(err, str(e))
+        return EXIT_USAGE
     except ProfileError as e:
         _err(err, f"batchfill profile: {e}")
         return EXIT_FAILED
@@ -315,13 +332,13 @@ def cmd_serve(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """Run the operator (kopf) until interrupted."""
+    """Run the operator (kopf) until interrupted; with leader election, only while holding the Lease."""
     import logging
 
     import kopf
     from pydantic import ValidationError
 
-    from batchfill.settings import OperatorSettings
+    from batchfill.settings import OperatorSettings, describe_errors
 
     try:
         settings = OperatorSettings.from_env(
@@ -332,23 +349,89 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
             reconcile_interval_s=args.interval,
         )
     except ValidationError as e:
-        for problem in e.errors(include_url=False):
-            _err(err, f"setting {'.'.join(str(x) for x in problem['loc'])}: {problem['msg']}")
+        for problem in describe_errors(e):
+            _err(err, f"setting {problem}")
         return EXIT_USAGE
     kopf.configure(
         verbose=args.verbose, log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL
     )
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     import batchfill.handlers  # noqa: F401  (registers the handlers)
+    from batchfill.adapters import operator_metrics
 
-    kopf.run(
-        standalone=True,
-        clusterwide=not settings.namespaces,
-        namespaces=settings.namespaces,
-        memo=kopf.Memo(settings=settings),
-        liveness_endpoint=args.liveness,
-    )
+    elector = None
+    if settings.leader_election:
+        elector = _lead_or_wait(settings, args.liveness)
+        if elector is None:
+            return EXIT_OK  # stopped (SIGTERM/SIGINT) while standing by
+    operator_metrics.LEADER.set(1)
+    try:
+        kopf.run(
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            memo=kopf.Memo(settings=settings, elector=elector),  # elector: None without leader election
+            liveness_endpoint=args.liveness,
+        )
+    finally:
+        operator_metrics.LEADER.set(0)
+        if elector is not None:
+            elector.stop(release=True)  # kopf and the loops have stopped: a standby may take over at once
     return EXIT_OK
+
+
+def _lead_or_wait(settings: OperatorSettings, liveness: str | None) -> LeaderElector | None:
+    """Block until this process holds the leader-election Lease; None when stopped while waiting.
+
+    While waiting, the liveness endpoint answers 200 (a standby is healthy) and /metrics is served with
+    batchfill_operator_leader 0. Once leading, a daemon thread renews the Lease; when a renewal fails for the renew
+    deadline or another holder shows up, the process exits at once with status 1 (as controller-runtime), so that
+    nothing acts without the Lease and the pod restarts as a standby.
+    """
+    import logging
+    import os
+    import threading
+
+    from kubernetes import client
+
+    from batchfill.adapters import operator_metrics
+    from batchfill.adapters.kube import load_config
+    from batchfill.adapters.leader import LeaderElector, StandbyHealth, default_identity
+
+    log = logging.getLogger("batchfill.leader")
+
+    def lost(reason: str) -> None:
+        log.critical("leader election lost (%s): exiting so that nothing acts without the Lease", reason)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)  # at once, not a graceful kopf shutdown: a standby may be acting soon
+
+    load_config()
+    elector = LeaderElector(
+        client.ApiClient(),
+        settings.leader_election_lease_name,
+        settings.leader_election_namespace,
+        default_identity(),
+        settings.lease_timing,
+        on_lost=lost,
+    )
+    operator_metrics.serve(settings.metrics_port)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    standby = StandbyHealth(liveness, lambda: {"leader": False, "identity": elector.identity}) if liveness else None
+    try:
+        acquired = elector.acquire(stop)
+    finally:
+        if standby is not None:
+            standby.close()  # kopf opens the same endpoint
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not acquired:
+        return None
+    elector.start_renewing()
+    return elector
 
 
 def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -464,20 +547,45 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--url", required=True, help="Triton HTTP endpoint, HOST:PORT (e.g. localhost:8000)")
     pr.add_argument("--model", required=True, help="model name on that server")
     pr.add_argument("--model-version", default="", help="model version (default: the server's choice)")
-    pr.add_argument("--batch-sizes", default=None, help="comma-separated (default: powers of 2 up to max_batch_size)")
+    pr.add_argument(
+        "--batch-sizes",
+        default=None,
+        help="comma-separated, each at most the server's max_batch_size (exit 2 otherwise); default: powers of 2 "
+        "up to max_batch_size, and max_batch_size",
+    )
     pr.add_argument("--repeats", type=int, default=30, help="measured executions per batch size (default 30)")
     pr.add_argument("--warmup", type=int, default=5, help="unmeasured requests per batch size first (default 5)")
-    pr.add_argument("--quantile", type=float, default=0.9, help="quantile that becomes the profile value (default 0.9)")
+    pr.add_argument(
+        "--quantile",
+        type=float,
+        default=0.9,
+        help="quantile of the executions that becomes the profile value, in (0, 1) (default 0.9)",
+    )
     pr.add_argument("--shape", action="append", help="NAME=d1,d2: dims of an input with variable dims (repeatable)")
     pr.add_argument("--latency-p99-ms", type=float, default=None, help="SLA p99, ms: also print a BatchedModel + plan")
     pr.add_argument(
-        "--network-overhead-ms", dest="network_ms", type=float, default=None, help="SLA budget outside Triton, ms"
+        "--network-overhead-ms",
+        dest="network_ms",
+        type=float,
+        default=None,
+        help="SLA budget outside Triton, ms (with --latency-p99-ms; default 0)",
     )
     pr.add_argument(
-        "-f", "--file", default=None, help="BatchedModel to put the measured profile into (its SLA plans it)"
+        "-f",
+        "--file",
+        default=None,
+        help="BatchedModel to put the measured profile into: everything else (spec.model.repository, its SLA, "
+        "which plans it) is kept; not with the SLA flags. Its profile batch sizes above the server's "
+        "max_batch_size are dropped, with a note on stderr",
     )
     pr.add_argument(
-        "-o", "--output", choices=("table", "yaml"), default="table", help="yaml: only the document on stdout"
+        "-o",
+        "--output",
+        choices=("table", "yaml"),
+        default="table",
+        help="yaml: only the document on stdout (the plan line goes to stderr). A BatchedModel carries "
+        "spec.model.repository from -f; built from the server's metadata it has none (Triton does not say where "
+        "its files are) and starts with a YAML comment saying to add one before applying it",
     )
     pr.add_argument("--seed", type=int, default=0, help="seed of the synthesized inputs and the planner (default 0)")
     pr.set_defaults(func=cmd_profile)

@@ -2,15 +2,21 @@
 
 The measuring is :mod:`batchfill.adapters.profiler`; this module builds the BatchedModel document (from a file
 the user gives, or from the model's metadata and the SLA flags), prints it and plans it.
+
+Everything that can be checked before measuring is: the flags (:func:`check_options`), then, once the server
+has described the model, the batch sizes against its ``max_batch_size`` and the document the profile will go
+into. Nothing is printed and nothing is sent to the model before all of that passed.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -18,6 +24,7 @@ from rich.table import Table
 from batchfill.adapters.profiler import (
     ModelInfo,
     ProfileError,
+    ProfileUsageError,
     SizeMeasurement,
     connect,
     default_batch_sizes,
@@ -25,12 +32,20 @@ from batchfill.adapters.profiler import (
     measure,
     read_model_info,
 )
+from batchfill.api.errors import SpecError
+from batchfill.api.spec import SLASpec
 from batchfill.api.validate import load_model
 from batchfill.policy.plan import plan_batching
 
 #: Default quantile of the executions that becomes the profile value.
 DEFAULT_QUANTILE = 0.9
 _DNS1123 = re.compile(r"[^a-z0-9-]+")
+_SLA_FLAGS = {"latencyP99Ms": "--latency-p99-ms", "networkOverheadMs": "--network-overhead-ms"}
+#: Comment above a printed BatchedModel without ``spec.model.repository`` (Triton does not say where its files are).
+NO_REPOSITORY_COMMENT = (
+    "# spec.model.repository is not set: Triton does not report where its model files are. Add it (pvc, image or\n"
+    "# uri) before applying this BatchedModel to a cluster; `batchfill plan` does not need it.\n"
+)
 
 
 @dataclass(frozen=True)
@@ -46,9 +61,100 @@ class ProfileOptions:
     quantile: float = DEFAULT_QUANTILE
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     latency_p99_ms: float | None = None
-    network_overhead_ms: float = 0.0
+    network_overhead_ms: float | None = None
     base_document: dict[str, Any] | None = None
+    base_path: str = ""
     seed: int = 0
+
+
+def check_options(opts: ProfileOptions) -> None:
+    """The checks that need no server: counts, the quantile and the SLA flags (ms), and how they combine with -f.
+
+    Raises:
+        ProfileUsageError: naming the option and its value (the command line exits 2).
+    """
+    if not 0 < opts.quantile < 1:
+        raise ProfileUsageError(f"--quantile={opts.quantile} must be between 0 and 1, both excluded (e.g. 0.9 for p90)")
+    if opts.repeats < 1:
+        raise ProfileUsageError(f"--repeats={opts.repeats} must be >= 1 (measured executions per batch size)")
+    if opts.warmup < 0:
+        raise ProfileUsageError(f"--warmup={opts.warmup} must be >= 0 (unmeasured requests per batch size)")
+    flags = {"--latency-p99-ms": opts.latency_p99_ms, "--network-overhead-ms": opts.network_overhead_ms}
+    for flag, value in flags.items():
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise ProfileUsageError(f"{flag}={value} must be a finite number >= 0 (ms)")
+    given = [flag for flag, value in flags.items() if value is not None]
+    if opts.base_document is not None and given:
+        raise ProfileUsageError(
+            f"{given[0]} cannot be combined with -f {opts.base_path or '(file)'}: the file's spec.sla is used; "
+            "change it there"
+        )
+    if opts.base_document is not None:
+        return
+    if opts.network_overhead_ms is not None and opts.latency_p99_ms is None:
+        raise ProfileUsageError(
+            f"--network-overhead-ms={opts.network_overhead_ms} needs --latency-p99-ms (the SLA it is part of)"
+        )
+    if opts.latency_p99_ms is not None:
+        if opts.latency_p99_ms == 0:
+            raise ProfileUsageError(f"--latency-p99-ms={opts.latency_p99_ms} must be > 0 ms")
+        if (opts.network_overhead_ms or 0.0) >= opts.latency_p99_ms:
+            raise ProfileUsageError(
+                f"--network-overhead-ms={opts.network_overhead_ms} must be less than "
+                f"--latency-p99-ms={opts.latency_p99_ms}: Triton's budget is the difference (ms)"
+            )
+        try:  # the bounds of spec.sla itself (e.g. at most an hour)
+            SLASpec(latencyP99Ms=opts.latency_p99_ms, networkOverheadMs=opts.network_overhead_ms or 0.0)
+        except ValidationError as e:
+            first = e.errors(include_url=False)[0]
+            flag = _SLA_FLAGS.get(str(first["loc"][0]) if first["loc"] else "", "--latency-p99-ms")
+            value = opts.network_overhead_ms if flag == "--network-overhead-ms" else opts.latency_p99_ms
+            raise ProfileUsageError(f"{flag}={value}: {first['msg']} (ms)") from None
+
+
+def batch_sizes_for(info: ModelInfo, opts: ProfileOptions) -> tuple[list[int], str | None]:
+    """The batch sizes to measure, increasing, and a note for the user (or None).
+
+    ``--batch-sizes`` are measured as given; without them, the powers of two up to the server's
+    ``max_batch_size`` and that maximum. The note lists the batch sizes of the -f file's ``spec.profile`` above
+    that maximum, which the measured profile replaces without measuring them.
+
+    Raises:
+        ProfileUsageError: a requested batch size above the model's ``max_batch_size`` on the server (1 for a
+            model without batching), naming ``--batch-sizes`` and the numbers.
+    """
+    cap = max(1, info.max_batch_size)
+    where = f"{info.name!r} on {opts.url}"
+    if opts.batch_sizes:
+        sizes = sorted(set(opts.batch_sizes))
+        above = [b for b in sizes if b > cap]
+        if above:
+            if info.max_batch_size <= 0:
+                raise ProfileUsageError(
+                    f"--batch-sizes {_sizes(above)}: model {where} does not batch (max_batch_size=0), so every "
+                    "request holds one sample: the only batch size is 1"
+                )
+            verb = "exceeds" if len(above) == 1 else "exceed"
+            raise ProfileUsageError(
+                f"--batch-sizes {_sizes(above)} {verb} the max_batch_size={info.max_batch_size} of model {where}"
+            )
+        return sizes, None
+    sizes = default_batch_sizes(info.max_batch_size)
+    note = None
+    if opts.base_document is not None:
+        profile = (opts.base_document.get("spec") or {}).get("profile") or []
+        dropped = sorted({int(p["batchSize"]) for p in profile if int(p["batchSize"]) > cap})
+        if dropped:
+            what = f"batch size {dropped[0]} is" if len(dropped) == 1 else f"batch sizes {_sizes(dropped)} are"
+            note = (
+                f"note: -f {opts.base_path or '(file)'}: spec.profile {what} above the max_batch_size="
+                f"{info.max_batch_size} of model {where}; the measured profile replaces the file's and stops at {cap}"
+            )
+    return sizes, note
+
+
+def _sizes(sizes: Any) -> str:
+    return ",".join(str(b) for b in sizes)
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -87,7 +193,7 @@ def document_for(info: ModelInfo, points: list[dict[str, Any]], opts: ProfileOpt
     model["outputs"] = [{"name": t.name, "dataType": t.config_type, "dims": list(t.dims)} for t in info.outputs]
     spec: dict[str, Any] = {"model": model}
     if opts.latency_p99_ms is not None:
-        spec["sla"] = {"latencyP99Ms": opts.latency_p99_ms, "networkOverheadMs": opts.network_overhead_ms}
+        spec["sla"] = {"latencyP99Ms": opts.latency_p99_ms, "networkOverheadMs": opts.network_overhead_ms or 0.0}
     spec["profile"] = points
     if info.max_batch_size > 0:
         spec["batching"] = {"maxBatchSize": info.max_batch_size}
@@ -96,21 +202,29 @@ def document_for(info: ModelInfo, points: list[dict[str, Any]], opts: ProfileOpt
 
 
 def run_profile(opts: ProfileOptions, out: Console, err: Console, *, output: str = "table") -> dict[str, Any]:
-    """Measure, print, plan. Returns the BatchedModel document (or, without an SLA, ``{"profile": ...}``).
+    """Check, measure, print, plan. Returns the BatchedModel document (or, without an SLA, ``{"profile": ...}``).
+
+    Every check runs before anything is printed or sent to the model: the options, the batch sizes against the
+    server's ``max_batch_size``, and the document the profile goes into (with stand-in latencies).
 
     Raises:
+        ProfileUsageError: a flag or the -f file does not fit (see :func:`check_options`,
+            :func:`batch_sizes_for`); the command line exits 2.
         ProfileError: server, model or input problems (one line, with the URL and model).
-        SpecError: the resulting document does not validate or plan (field-named).
+        SpecError: the document with the measured profile does not validate or plan (field-named).
     """
-    if not 0 < opts.quantile < 1:
-        raise ProfileError(f"--quantile={opts.quantile} must be in (0, 1)")
-    if opts.repeats < 1 or opts.warmup < 0:
-        raise ProfileError(f"--repeats={opts.repeats} must be >= 1 and --warmup={opts.warmup} >= 0")
+    check_options(opts)
+    has_sla = opts.base_document is not None or opts.latency_p99_ms is not None
     client = connect(opts.url)
     try:
         info = read_model_info(client, opts.url, opts.model, opts.version)
         make = input_maker(info, opts.url, dict(opts.shapes), seed=opts.seed)
-        sizes = list(opts.batch_sizes) or default_batch_sizes(info.max_batch_size)
+        sizes, note = batch_sizes_for(info, opts)
+        if has_sla:
+            _check_document(info, sizes, opts)
+        if note:
+            err.print(note, markup=False, highlight=False, soft_wrap=True)
+        # not on a terminal (a pipe, a CI log) the bar is never drawn, and rich would end it with a blank line
         with Progress(
             TextColumn(f"profiling {info.name}"),
             BarColumn(),
@@ -118,13 +232,14 @@ def run_profile(opts: ProfileOptions, out: Console, err: Console, *, output: str
             TimeElapsedColumn(),
             console=err,
             transient=True,
+            disable=not err.is_interactive,
         ) as bar:
             task = bar.add_task("executions", total=len(sizes) * opts.repeats)
             measured = measure(
                 client,
                 info,
                 make,
-                sorted(set(sizes)),
+                sizes,
                 warmup=opts.warmup,
                 repeats=opts.repeats,
                 progress=lambda done, _total: bar.update(task, completed=done),
@@ -132,13 +247,10 @@ def run_profile(opts: ProfileOptions, out: Console, err: Console, *, output: str
     finally:
         client.close()
     points = profile_points(measured, opts.quantile)
-    has_sla = opts.base_document is not None or opts.latency_p99_ms is not None
     doc = document_for(info, points, opts) if has_sla else {"profile": points}
-    if output == "yaml":
-        out.out(yaml.safe_dump(doc, sort_keys=False), end="", highlight=False)
-    else:
+    if output != "yaml":
         _table(out, info, measured, opts)
-        out.out(yaml.safe_dump(doc, sort_keys=False), end="", highlight=False)
+    out.out(dump_document(doc), end="", highlight=False)
     if has_sla:
         bm = load_model(doc)
         plan = plan_batching(bm.spec, seed=opts.seed).to_status()
@@ -152,6 +264,39 @@ def run_profile(opts: ProfileOptions, out: Console, err: Console, *, output: str
     elif output != "yaml":
         out.print("pass --latency-p99-ms (or -f a BatchedModel) to see the plan this profile gives", style="dim")
     return doc
+
+
+def dump_document(doc: dict[str, Any]) -> str:
+    """``doc`` as YAML; a BatchedModel without ``spec.model.repository`` starts with a comment saying so."""
+    text = yaml.safe_dump(doc, sort_keys=False)
+    model = (doc.get("spec") or {}).get("model") if doc.get("kind") == "BatchedModel" else None
+    if isinstance(model, dict) and not model.get("repository"):
+        return NO_REPOSITORY_COMMENT + text
+    return text
+
+
+def _check_document(info: ModelInfo, sizes: list[int], opts: ProfileOptions) -> None:
+    """The document the profile goes into must validate with a profile at ``sizes`` (stand-in latencies).
+
+    Raises:
+        ProfileUsageError: the -f file does not hold such a profile (e.g. spec.batching.preferredBatchSizes above
+            the server's max_batch_size), one problem per ``;``.
+        ProfileError: the model as the server describes it is not a valid BatchedModel.
+    """
+    stand_in = [{"batchSize": b, "latencyMs": 1.0} for b in sizes]
+    try:
+        load_model(document_for(info, stand_in, opts))
+    except SpecError as e:
+        problems = "; ".join(str(p) for p in e.problems)
+        if opts.base_document is not None:
+            raise ProfileUsageError(
+                f"-f {opts.base_path or '(file)'} does not fit the profile to measure, at batch sizes "
+                f"{_sizes(sizes)} (max_batch_size={info.max_batch_size} of model {info.name!r} on {opts.url}): "
+                f"{problems}"
+            ) from None
+        raise ProfileError(
+            f"model {info.name!r} on {opts.url} does not make a valid BatchedModel: {problems}"
+        ) from None
 
 
 def _table(out: Console, info: ModelInfo, measured: list[SizeMeasurement], opts: ProfileOptions) -> None:
@@ -172,4 +317,13 @@ def _table(out: Console, info: ModelInfo, measured: list[SizeMeasurement], opts:
     out.print(t)
 
 
-__all__ = ["ProfileError", "ProfileOptions", "parse_shape", "run_profile"]
+__all__ = [
+    "ProfileError",
+    "ProfileOptions",
+    "ProfileUsageError",
+    "batch_sizes_for",
+    "check_options",
+    "dump_document",
+    "parse_shape",
+    "run_profile",
+]

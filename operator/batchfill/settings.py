@@ -13,6 +13,17 @@
 | BATCHFILL_REQUEST_TIMEOUT_SECONDS | 30 | Kubernetes API request timeout |
 | BATCHFILL_PROFILE_INTERVAL_SECONDS | 60 | how often Triton's statistics of the Ready pods are read (profiling) |
 | BATCHFILL_TRITON_HTTP_PORT | 8000 | Triton's HTTP port in the pods (statistics extension) |
+| BATCHFILL_LEADER_ELECTION | false (chart: true) | act only while holding a coordination.k8s.io/v1 Lease |
+| BATCHFILL_LEADER_ELECTION_LEASE_NAME | batchfill | the Lease's name |
+| BATCHFILL_LEADER_ELECTION_NAMESPACE | $POD_NAMESPACE | the Lease's namespace (chart: the release's, downward API) |
+| BATCHFILL_LEADER_ELECTION_LEASE_DURATION_SECONDS | 15 | a Lease not renewed for this long may be taken over |
+| BATCHFILL_LEADER_ELECTION_RENEW_DEADLINE_SECONDS | 10 | the leader exits when it could not renew for this long |
+| BATCHFILL_LEADER_ELECTION_RETRY_PERIOD_SECONDS | 2 | standbys read the Lease, a failed renewal is retried this often |
+
+Leader election (batchfill.policy.leader, batchfill.adapters.leader): with it on, ``batchfill run`` waits until it
+holds the Lease before kopf and the scaling/profiling loops start, and exits (status 1) as soon as it cannot
+renew it; a stopping leader releases the Lease. Takeover after a leader dies comes within the lease duration
+plus one retry period of its last renewal (17 s with the defaults), after a graceful stop within one retry period.
 """
 
 from __future__ import annotations
@@ -20,9 +31,46 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from batchfill.policy.leader import LeaseTiming
 
 ENV_PREFIX = "BATCHFILL_"
+#: The namespace the operator's pod runs in, from the downward API (the chart and deploy/base set it).
+POD_NAMESPACE_ENV = "POD_NAMESPACE"
+#: field -> environment variable (without ENV_PREFIX)
+ENV_NAMES = {
+    "prometheus_url": "PROMETHEUS_URL",
+    "namespaces": "NAMESPACES",
+    "log_format": "LOG_FORMAT",
+    "metrics_port": "METRICS_PORT",
+    "reconcile_interval_s": "RECONCILE_INTERVAL_SECONDS",
+    "signal_window_s": "SIGNAL_WINDOW_SECONDS",
+    "prometheus_timeout_s": "PROMETHEUS_TIMEOUT_SECONDS",
+    "max_workers": "MAX_WORKERS",
+    "request_timeout_s": "REQUEST_TIMEOUT_SECONDS",
+    "profile_interval_s": "PROFILE_INTERVAL_SECONDS",
+    "triton_http_port": "TRITON_HTTP_PORT",
+    "leader_election": "LEADER_ELECTION",
+    "leader_election_lease_name": "LEADER_ELECTION_LEASE_NAME",
+    "leader_election_namespace": "LEADER_ELECTION_NAMESPACE",
+    "leader_election_lease_duration_s": "LEADER_ELECTION_LEASE_DURATION_SECONDS",
+    "leader_election_renew_deadline_s": "LEADER_ELECTION_RENEW_DEADLINE_SECONDS",
+    "leader_election_retry_period_s": "LEADER_ELECTION_RETRY_PERIOD_SECONDS",
+}
+_TIMING_FIELDS = {
+    "lease_duration_s": "leader_election_lease_duration_s",
+    "renew_deadline_s": "leader_election_renew_deadline_s",
+    "retry_period_s": "leader_election_retry_period_s",
+}
+# DNS-1123 subdomain (a Lease's name) and label (a namespace's name)
+_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_LABEL = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$"
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets ``field``."""
+    return ENV_PREFIX + ENV_NAMES[field] if field in ENV_NAMES else field
 
 
 class OperatorSettings(BaseModel):
@@ -39,6 +87,33 @@ class OperatorSettings(BaseModel):
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     profile_interval_s: float = Field(default=60.0, gt=0, le=86_400)
     triton_http_port: int = Field(default=8000, ge=1, le=65535)
+    leader_election: bool = False
+    leader_election_lease_name: str = Field(default="batchfill", max_length=253, pattern=_SUBDOMAIN)
+    leader_election_namespace: str = Field(default="", pattern=_LABEL)
+    leader_election_lease_duration_s: int = Field(default=15, ge=2, le=3600)
+    leader_election_renew_deadline_s: float = Field(default=10.0, gt=0, le=3600)
+    leader_election_retry_period_s: float = Field(default=2.0, gt=0, le=600)
+
+    @property
+    def lease_timing(self) -> LeaseTiming:
+        return LeaseTiming(
+            lease_duration_s=self.leader_election_lease_duration_s,
+            renew_deadline_s=self.leader_election_renew_deadline_s,
+            retry_period_s=self.leader_election_retry_period_s,
+        )
+
+    @model_validator(mode="after")
+    def _leader_election_is_usable(self) -> OperatorSettings:
+        problems = [f"{env_name(_TIMING_FIELDS[f])}: {msg}" for f, msg in self.lease_timing.problems()]
+        if self.leader_election and not self.leader_election_namespace:
+            problems.append(
+                f"{env_name('leader_election_namespace')}: the Lease's namespace is needed when "
+                f"{env_name('leader_election')} is on; set it or {POD_NAMESPACE_ENV} (the pod's namespace, "
+                "from the downward API)"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @property
     def exact_namespaces(self) -> tuple[str, ...]:
@@ -51,24 +126,23 @@ class OperatorSettings(BaseModel):
         """Settings from ``BATCHFILL_*`` variables, then ``overrides`` (None values ignored)."""
         env = os.environ if env is None else env
         raw: dict[str, object] = {}
-        names = {
-            "prometheus_url": "PROMETHEUS_URL",
-            "namespaces": "NAMESPACES",
-            "log_format": "LOG_FORMAT",
-            "metrics_port": "METRICS_PORT",
-            "reconcile_interval_s": "RECONCILE_INTERVAL_SECONDS",
-            "signal_window_s": "SIGNAL_WINDOW_SECONDS",
-            "prometheus_timeout_s": "PROMETHEUS_TIMEOUT_SECONDS",
-            "max_workers": "MAX_WORKERS",
-            "request_timeout_s": "REQUEST_TIMEOUT_SECONDS",
-            "profile_interval_s": "PROFILE_INTERVAL_SECONDS",
-            "triton_http_port": "TRITON_HTTP_PORT",
-        }
-        for field, suffix in names.items():
+        for field, suffix in ENV_NAMES.items():
             value = env.get(ENV_PREFIX + suffix)
             if value is not None and value != "":
                 raw[field] = value
+        if "leader_election_namespace" not in raw and env.get(POD_NAMESPACE_ENV):
+            raw["leader_election_namespace"] = env[POD_NAMESPACE_ENV]
         if isinstance(raw.get("namespaces"), str):
             raw["namespaces"] = tuple(n.strip() for n in str(raw["namespaces"]).split(",") if n.strip())
         raw.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(raw)
+
+
+def describe_errors(error: ValidationError) -> list[str]:
+    """One line per problem of ``OperatorSettings`` validation, naming the environment variable."""
+    out = []
+    for problem in error.errors(include_url=False):
+        loc = ".".join(str(x) for x in problem["loc"])
+        msg = str(problem["msg"]).removeprefix("Value error, ")
+        out.append(f"{env_name(loc)} ({loc}): {msg}" if loc else msg)
+    return out

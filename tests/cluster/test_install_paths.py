@@ -1,7 +1,8 @@
 """The install paths on a real API server: `helm template` of charts/batchfill and `kubectl kustomize deploy/base`,
 server-side applied, then the ServiceAccount they create is checked with its own token (not system:masters):
 `kubectl auth can-i` for what the operator must and must not do, and a SelfSubjectRulesReview that its rights are
-exactly the documented rules. The operator's pod must pass the "restricted" Pod Security admission.
+exactly the documented rules (leases, for leader election, only in the operator's own namespace). The operator's
+pod must pass the "restricted" Pod Security admission.
 
 Every install gets its own release name / name prefix and namespaces (created here, deleted after), and the
 cluster-scoped RBAC objects are deleted after, so the tests do not disturb an operator installed by other tests.
@@ -29,7 +30,12 @@ from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters import devcluster
 
-from ..unit.test_install_paths import CLUSTER_READ_RULES, NAMESPACE_GLOB_RULES, NAMESPACED_RULES
+from ..unit.test_install_paths import (
+    CLUSTER_READ_RULES,
+    LEADER_ELECTION_RULES,
+    NAMESPACE_GLOB_RULES,
+    NAMESPACED_RULES,
+)
 from .support import Kube, skip_or_fail, temp_namespace, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -225,6 +231,17 @@ def _check_operator_allowed(install: Install, namespace: str) -> None:
     assert not install.review("delete", "monitoring.coreos.com", "servicemonitors", namespace)
 
 
+def _check_leader_election(install: Install, own: str, others: list[str]) -> None:
+    """get/create/update on leases in the operator's own namespace ``own``; nothing more, nowhere else."""
+    for verb in ("get", "create", "update"):
+        assert install.can_i(verb, "leases.coordination.k8s.io", "-n", own), f"may not {verb} leases in {own}"
+        for ns in others:
+            assert not install.can_i(verb, "leases.coordination.k8s.io", "-n", ns), f"may {verb} leases in {ns}"
+    for verb in ("list", "watch", "patch", "delete"):
+        assert not install.can_i(verb, "leases.coordination.k8s.io", "-n", own), f"may {verb} leases in {own}"
+    assert not install.can_i("get", "leases.coordination.k8s.io", "--all-namespaces")
+
+
 def _uid() -> str:
     return uuid.uuid4().hex[:6]
 
@@ -248,13 +265,14 @@ def test_helm_template_applies_and_grants_exactly_the_documented_rules(
         _assert_operator_pod_admitted(kube, ns, deployment)
 
         everywhere = _triples(CLUSTER_READ_RULES + NAMESPACED_RULES)
+        lease = _triples(LEADER_ELECTION_RULES)
         if mode == "names":
             for w in watched:
                 wait_for(f"RBAC in {w}", lambda w=w: install.rules_in(w) == everywhere or None, 30)
                 _check_operator_allowed(install, w)
                 _check_common_denials(install, w)
-            # Not watched: only the cluster-scoped read, nothing in the operator's own or any other namespace.
-            assert install.rules_in(ns) == _triples(CLUSTER_READ_RULES)
+            # Not watched: only the cluster-scoped read, and in the operator's own namespace its Lease.
+            wait_for(f"RBAC in {ns}", lambda: install.rules_in(ns) == _triples(CLUSTER_READ_RULES) | lease or None, 30)
             assert install.rules_in("default") == _triples(CLUSTER_READ_RULES)
             assert not install.can_i("list", "batchedmodels.batchfill.io", "--all-namespaces")
             assert not install.can_i("get", "configmaps", "-n", ns)
@@ -263,11 +281,13 @@ def test_helm_template_applies_and_grants_exactly_the_documented_rules(
             expected = everywhere | (_triples(NAMESPACE_GLOB_RULES) if mode == "globs" else set())
             wait_for("RBAC", lambda: install.rules_in(watched[0]) == expected or None, 30)
             assert install.rules_in("default") == expected
+            wait_for(f"RBAC in {ns}", lambda: install.rules_in(ns) == expected | lease or None, 30)
             for verb in ("list", "watch"):
                 assert install.can_i(verb, "batchedmodels.batchfill.io", "--all-namespaces")
             _check_operator_allowed(install, watched[0])
             _check_common_denials(install, watched[0])
             assert install.can_i("list", "namespaces") is (mode == "globs")
+        _check_leader_election(install, ns, [*watched, "default"])
         assert install.can_i("watch", "customresourcedefinitions.apiextensions.k8s.io")
         assert not install.can_i("get", "customresourcedefinitions.apiextensions.k8s.io")
 
@@ -305,7 +325,9 @@ def test_kustomize_base_applies_and_grants_exactly_the_documented_rules(kube: Ku
             _assert_operator_pod_admitted(kube, ns, f"{prefix}batchfill")
             expected = _triples(CLUSTER_READ_RULES + NAMESPACED_RULES)
             wait_for("RBAC", lambda: install.rules_in("default") == expected or None, 30)
-            assert install.rules_in(ns) == expected
+            lease = _triples(LEADER_ELECTION_RULES)
+            wait_for(f"RBAC in {ns}", lambda: install.rules_in(ns) == expected | lease or None, 30)
+            _check_leader_election(install, ns, ["default"])
             for verb in ("list", "watch"):
                 assert install.can_i(verb, "batchedmodels.batchfill.io", "--all-namespaces")
             _check_operator_allowed(install, "default")

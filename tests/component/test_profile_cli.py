@@ -73,6 +73,12 @@ def test_document_describes_the_model_as_the_server_does(measured: tuple[dict[st
     assert doc["spec"]["batching"] == {"maxBatchSize": MAX_BATCH}
 
 
+def test_document_says_it_has_no_repository(measured: tuple[dict[str, Any], Path]) -> None:
+    doc, path = measured
+    assert "repository" not in doc["spec"]["model"]  # Triton does not say where its files are
+    assert path.read_text().startswith("# spec.model.repository is not set")
+
+
 def test_plan_accepts_the_output_unchanged(
     measured: tuple[dict[str, Any], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -131,9 +137,35 @@ def test_variable_dims_need_a_shape(triton: LocalTriton, url: str, capsys: pytes
     assert [p["batchSize"] for p in doc["profile"]] == [1, 2, 4]
 
 
-def test_batch_size_above_max_batch_size_is_refused(url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["profile", "--url", url, "--model", NAME, "--batch-sizes", "16"]) == 1
-    assert f"batch sizes [16] are outside [1, {MAX_BATCH}]" in capsys.readouterr().err
+def test_batch_size_above_max_batch_size_is_a_usage_error(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    before = _executions(url)
+    assert main(["profile", "--url", url, "--model", NAME, "--batch-sizes", "4,16", "-o", "yaml"]) == 2
+    captured = capsys.readouterr()
+    # one line naming the option and the numbers, nothing before it (no blank line), nothing on stdout
+    assert captured.err.splitlines() == [
+        f"--batch-sizes 16 exceeds the max_batch_size={MAX_BATCH} of model {NAME!r} on {url}"
+    ]
+    assert captured.out == ""
+    assert _executions(url) == before  # refused before a single request reached the model
+
+
+def test_a_successful_run_leaves_stderr_empty(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["profile", "--url", url, "--model", NAME, "--batch-sizes", "1", "--repeats", "2", "--warmup", "0",
+            "-o", "yaml"]  # fmt: skip
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""  # not a terminal: no progress bar and no blank line where it was
+
+
+def _executions(url: str) -> int:
+    import tritonclient.http as httpclient
+
+    from batchfill.adapters.triton_stats import read_model_stats
+
+    client = httpclient.InferenceServerClient(url)
+    try:
+        return read_model_stats(client, NAME, "").execution_count
+    finally:
+        client.close()
 
 
 def test_the_example_model_profiles_into_a_file_batchfill_plan_accepts(
@@ -163,6 +195,10 @@ def test_the_example_model_profiles_into_a_file_batchfill_plan_accepts(
     assert all(p["latencyMs"] > 0 for p in doc["spec"]["profile"])
     assert doc["metadata"]["name"] == bm.metadata.name
     assert "plan: max_batch_size" in captured.err  # -o yaml: the plan line goes to stderr, stdout stays a document
+    dropped = [p.batchSize for p in bm.spec.profile or [] if p.batchSize > plan.maxBatchSize]
+    if dropped:  # the file's profile reaches 16: the sizes the server's max_batch_size cuts off are named
+        assert f"note: -f {example}: spec.profile batch size" in captured.err
+        assert ",".join(map(str, dropped)) in captured.err
     out = tmp_path / "measured.yaml"
     out.write_text(captured.out, encoding="utf-8")
     assert main(["plan", str(out)]) == 0

@@ -3,9 +3,10 @@ deployable examples (deploy/examples), rendered with the real helm (built from i
 scripts/build-helm.sh) and the machine's kubectl, and checked object by object.
 
 What is checked: every rendered object's kind, name and namespace; RBAC is exactly the documented rules (no
-wildcards, no Secrets); the operator runs under the "restricted" Pod Security Standard; the chart's and the
-kustomize base's CRD are the generated crds/batchedmodel.yaml; `kubectl kustomize deploy/base` is the chart's
-default install; the chart's settings reach `batchfill run` under the names batchfill.settings reads.
+wildcards, no Secrets; leases only in the operator's own namespace, for leader election); the operator runs under
+the "restricted" Pod Security Standard, two replicas electing one; the chart's and the kustomize base's CRD are the
+generated crds/batchedmodel.yaml; `kubectl kustomize deploy/base` is the chart's default install; the chart's
+settings reach `batchfill run` under the names batchfill.settings reads.
 Applying them to a real API server is tests/cluster/test_install_paths.py.
 """
 
@@ -50,6 +51,9 @@ NAMESPACED_RULES = [
 ]
 CLUSTER_READ_RULES = [(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"])]
 NAMESPACE_GLOB_RULES = [([""], ["namespaces"], ["list", "watch"])]
+# Only in a Role in the release namespace (the operator's own), never cluster-wide or in a watched namespace.
+LEADER_ELECTION_RULES = [(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])]
+LEADER_ELECTION_ROLE = f"{RELEASE}-leader-election"
 OPERATOR_ENV = {
     "BATCHFILL_PROMETHEUS_URL",
     "BATCHFILL_NAMESPACES",
@@ -57,7 +61,13 @@ OPERATOR_ENV = {
     "BATCHFILL_METRICS_PORT",
     "BATCHFILL_RECONCILE_INTERVAL_SECONDS",
     "BATCHFILL_SIGNAL_WINDOW_SECONDS",
+    "BATCHFILL_LEADER_ELECTION",
+    "BATCHFILL_LEADER_ELECTION_LEASE_NAME",
+    "POD_NAMESPACE",
+    "POD_NAME",
 }
+# Set from the downward API: variable -> the pod field.
+DOWNWARD_ENV = {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
 # Labels only one of the two install paths sets.
 TOOL_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
 
@@ -128,12 +138,35 @@ def _env(deployment: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
 
 
+def _downward(deployment: dict[str, Any]) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container.get("env", []) if "valueFrom" in e}
+
+
+def _pod_env(deployment: dict[str, Any], pod_name: str = f"{RELEASE}-abc12-xyz34") -> dict[str, str]:
+    """The environment the operator's container sees, with the downward API filled in as the kubelet would."""
+    fields = {"metadata.namespace": deployment["metadata"]["namespace"], "metadata.name": pod_name}
+    return _env(deployment) | {name: fields[path] for name, path in _downward(deployment).items()}
+
+
+def _assert_leader_election_rbac(objs: list[dict[str, Any]]) -> None:
+    """The leases Role and its binding to the operator's ServiceAccount, in the release namespace only."""
+    roles = [o for o in objs if o["kind"] == "Role" and _rules(o) == LEADER_ELECTION_RULES]
+    assert [_key(r) for r in roles] == [("Role", LEADER_ELECTION_ROLE, NAMESPACE)]
+    binding = next(o for o in objs if _key(o) == ("RoleBinding", LEADER_ELECTION_ROLE, NAMESPACE))
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEADER_ELECTION_ROLE}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
+    for role in (o for o in objs if o["kind"] in ("Role", "ClusterRole") and o not in roles):
+        assert not any("leases" in r.get("resources", []) for r in role["rules"]), _key(role)
+
+
 # Every values combination the tests render: name -> helm --set/--values arguments.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "default": (),
     "names": ("--set", "watchNamespaces={ml,ocr}"),
     "globs": ("--set", "watchNamespaces={team-*,!team-sandbox}"),
     "servicemonitor": ("--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.labels.release=prometheus"),
+    "no-leader-election": ("--set", "leaderElection.enabled=false", "--set", "replicaCount=1"),
 }
 
 
@@ -165,11 +198,14 @@ def test_default_render_objects(helm: str) -> None:
             ("ServiceAccount", RELEASE, NAMESPACE),
             ("ClusterRole", RELEASE, None),
             ("ClusterRoleBinding", RELEASE, None),
+            ("Role", LEADER_ELECTION_ROLE, NAMESPACE),
+            ("RoleBinding", LEADER_ELECTION_ROLE, NAMESPACE),
             ("Deployment", RELEASE, NAMESPACE),
         ],
         key=str,
     )
     assert _only(objs, "CustomResourceDefinition") == yaml.safe_load(CRD.read_text())
+    _assert_leader_election_rbac(objs)
     role = _only(objs, "ClusterRole")
     assert _rules(role) == CLUSTER_READ_RULES + NAMESPACED_RULES
     binding = _only(objs, "ClusterRoleBinding")
@@ -191,10 +227,13 @@ def test_watching_named_namespaces_uses_a_role_per_namespace(helm: str) -> None:
             ("RoleBinding", RELEASE, "ml"),
             ("Role", RELEASE, "ocr"),
             ("RoleBinding", RELEASE, "ocr"),
+            ("Role", LEADER_ELECTION_ROLE, NAMESPACE),
+            ("RoleBinding", LEADER_ELECTION_ROLE, NAMESPACE),
             ("Deployment", RELEASE, NAMESPACE),
         ],
         key=str,
     )
+    _assert_leader_election_rbac(objs)
     # Cluster-wide, only the read kopf's resource observer needs: nothing namespaced leaks into it.
     assert _rules(_only(objs, "ClusterRole")) == CLUSTER_READ_RULES
     for ns in ("ml", "ocr"):
@@ -207,9 +246,42 @@ def test_watching_named_namespaces_uses_a_role_per_namespace(helm: str) -> None:
 
 def test_watching_namespace_globs_grants_cluster_wide_plus_namespace_reads(helm: str) -> None:
     objs = helm_template(helm, *VARIANTS["globs"])
-    assert {o["kind"] for o in objs} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"}
+    assert {o["kind"] for o in objs} == {
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"
+    }  # fmt: skip
     assert _rules(_only(objs, "ClusterRole")) == CLUSTER_READ_RULES + NAMESPACED_RULES + NAMESPACE_GLOB_RULES
+    _assert_leader_election_rbac(objs)
     assert _env(_only(objs, "Deployment"))["BATCHFILL_NAMESPACES"] == "team-*,!team-sandbox"
+
+
+def test_leader_election_runs_two_replicas_that_elect_one_with_a_lease(helm: str) -> None:
+    deployment = _only(helm_template(helm), "Deployment")
+    spec = deployment["spec"]
+    # Two replicas, one acting: the standby takes over when the leader dies (HA). A rolling update starts the new
+    # replica (standing by) before an old one stops and releases the Lease.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert _downward(deployment) == DOWNWARD_ENV
+    settings = OperatorSettings.from_env(_pod_env(deployment))
+    assert settings.leader_election is True
+    assert settings.leader_election_namespace == NAMESPACE  # the Role's namespace
+    assert settings.leader_election_lease_name == RELEASE
+
+
+def test_leader_election_can_be_turned_off_for_a_single_replica(helm: str) -> None:
+    objs = helm_template(helm, *VARIANTS["no-leader-election"])
+    assert not [o for o in objs if o["kind"] in ("Role", "RoleBinding")]
+    assert not [r for o in objs if o["kind"] == "ClusterRole" for r in o["rules"] if "leases" in r["resources"]]
+    deployment = _only(objs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # old and new never overlap
+    assert OperatorSettings.from_env(_pod_env(deployment)).leader_election is False
+    # More than one replica without leader election would act twice: the chart refuses to render it.
+    result = _run(
+        helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "leaderElection.enabled=false"
+    )
+    assert result.returncode != 0
+    assert "replicaCount > 1 needs leaderElection.enabled" in result.stderr, result.stderr
 
 
 def test_service_monitor_for_the_operators_metrics_is_optional(helm: str) -> None:
@@ -234,8 +306,18 @@ def test_service_monitor_for_the_operators_metrics_is_optional(helm: str) -> Non
         ("--set", "logFormat=xml"),
         ("--set", "prometheusUrl=prometheus:9090"),
         ("--set", "image.pullPolicy=Sometimes"),
+        ("--set", "replicaCount=0"),
+        ("--set", "leaderElection.enabled=yes"),
     ],
-    ids=["comma-in-namespace", "uppercase-namespace", "log-format", "url-without-scheme", "pull-policy"],
+    ids=[
+        "comma-in-namespace",
+        "uppercase-namespace",
+        "log-format",
+        "url-without-scheme",
+        "pull-policy",
+        "replicas",
+        "leader-election",
+    ],
 )
 def test_values_schema_rejects(helm: str, bad: tuple[str, ...]) -> None:
     result = _run(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *bad)
@@ -258,10 +340,12 @@ def test_rbac_has_no_wildcards_secrets_or_escalation(helm: str, variant: str) ->
             assert not {"secrets", "serviceaccounts/token", "pods/exec", "pods/attach", "nodes"} & set(
                 rule["resources"]
             ), where
-            assert not {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"} & set(
-                rule["verbs"]
-            ), where
+            assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"]), where
             assert not {"rbac.authorization.k8s.io", "certificates.k8s.io"} & set(rule["apiGroups"]), where
+            if "update" in rule["verbs"] or "leases" in rule["resources"]:
+                # update only on the leader-election Lease, in a Role of the operator's own namespace
+                assert (rule["apiGroups"], rule["resources"], rule["verbs"]) in LEADER_ELECTION_RULES, where
+                assert (role["kind"], role["metadata"].get("namespace")) == ("Role", NAMESPACE), where
 
 
 def test_every_rbac_rule_is_documented() -> None:
@@ -269,7 +353,9 @@ def test_every_rbac_rule_is_documented() -> None:
     text = (CHART / "templates" / "_helpers.tpl").read_text()
     lines = text.splitlines()
     rule_lines = [i for i, line in enumerate(lines) if line.lstrip().startswith("- apiGroups:")]
-    assert len(rule_lines) == len(NAMESPACED_RULES) + len(CLUSTER_READ_RULES) + len(NAMESPACE_GLOB_RULES)
+    assert len(rule_lines) == (
+        len(NAMESPACED_RULES) + len(CLUSTER_READ_RULES) + len(NAMESPACE_GLOB_RULES) + len(LEADER_ELECTION_RULES)
+    )
     for i in rule_lines:
         j = i - 1
         while j >= 0 and not lines[j].lstrip().startswith(("#", "{{")):
@@ -287,10 +373,7 @@ def test_every_rbac_rule_is_documented() -> None:
 # --- the operator's pod -----------------------------------------------------------------------------------------
 def test_operator_pod_is_restricted(helm: str) -> None:
     deployment = _only(helm_template(helm), "Deployment")
-    spec = deployment["spec"]
-    assert spec["replicas"] == 1  # kopf --standalone: exactly one process
-    assert spec["strategy"] == {"type": "Recreate"}
-    pod = spec["template"]["spec"]
+    pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == OPERATOR_UID
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -329,7 +412,7 @@ def test_operator_container_runs_batchfill_run_with_its_settings(helm: str) -> N
     container = _only(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example/batchfill:1.2.3"
     assert container["args"][0] == "run"
-    env = _env(_only(objs, "Deployment"))
+    env = _pod_env(_only(objs, "Deployment"))
     assert set(env) == OPERATOR_ENV
     assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == 9100
     # The same names and values batchfill.settings reads, and flags `batchfill run` accepts.
@@ -355,6 +438,11 @@ def test_chart_defaults_match_the_operators_defaults(helm: str) -> None:
     assert int(env["BATCHFILL_METRICS_PORT"]) == defaults.metrics_port
     assert float(env["BATCHFILL_RECONCILE_INTERVAL_SECONDS"]) == defaults.reconcile_interval_s
     assert float(env["BATCHFILL_SIGNAL_WINDOW_SECONDS"]) == defaults.signal_window_s
+    assert env["BATCHFILL_LEADER_ELECTION_LEASE_NAME"] == defaults.leader_election_lease_name
+    # Deliberately different: the operator's default is off (`batchfill run` on a laptop, the demo, the tests),
+    # the chart's on (replicas in a cluster), as controller-runtime's --leader-elect and kubebuilder's manifests.
+    assert defaults.leader_election is False
+    assert env["BATCHFILL_LEADER_ELECTION"] == "true"
 
 
 def test_dockerfile_matches_the_chart() -> None:

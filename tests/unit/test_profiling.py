@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from batchfill.adapters.profiler import ModelInfo, SizeMeasurement, TensorInfo, default_batch_sizes
+from batchfill import profiling
+from batchfill.adapters.profiler import (
+    ModelInfo,
+    ProfileError,
+    SizeMeasurement,
+    TensorInfo,
+    default_batch_sizes,
+)
 from batchfill.api.validate import load_model
 from batchfill.cli import main
-from batchfill.profiling import ProfileOptions, document_for, parse_shape, profile_points
+from batchfill.profiling import (
+    NO_REPOSITORY_COMMENT,
+    ProfileOptions,
+    document_for,
+    dump_document,
+    parse_shape,
+    profile_points,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,6 +100,22 @@ def test_document_from_a_file_keeps_everything_but_the_profile() -> None:
         (["--shape", "x"], "--shape 'x' must be NAME=d1,d2"),
         (["--latency-p99-ms", "-5"], "--latency-p99-ms=-5.0 must be a finite number >= 0"),
         (["-f", "/nonexistent/bm.yaml"], "/nonexistent/bm.yaml: cannot read"),
+        (["--quantile", "1"], "--quantile=1.0 must be between 0 and 1, both excluded"),
+        (["--quantile", "0"], "--quantile=0.0 must be between 0 and 1, both excluded"),
+        (["--quantile", "nan"], "--quantile=nan must be between 0 and 1"),
+        (["--repeats", "0"], "--repeats=0 must be >= 1"),
+        (["--warmup", "-1"], "--warmup=-1 must be >= 0"),
+        (["--latency-p99-ms", "0"], "--latency-p99-ms=0.0 must be > 0 ms"),
+        (["--latency-p99-ms", "4e6"], "--latency-p99-ms=4000000.0: Input should be less than or equal to 3600000"),
+        (
+            ["--latency-p99-ms", "5", "--network-overhead-ms", "10"],
+            "--network-overhead-ms=10.0 must be less than --latency-p99-ms=5.0",
+        ),
+        (["--network-overhead-ms", "3"], "--network-overhead-ms=3.0 needs --latency-p99-ms"),
+        (
+            ["-f", str(ROOT / "examples" / "seed-example.yaml"), "--latency-p99-ms", "80"],
+            f"--latency-p99-ms cannot be combined with -f {ROOT / 'examples' / 'seed-example.yaml'}",
+        ),
     ],
 )
 def test_bad_flags_exit_2_before_contacting_a_server(
@@ -102,3 +135,228 @@ def test_an_invalid_base_document_is_rejected_before_measuring(
     f.write_text((ROOT / "examples" / "seed-example.yaml").read_text().replace("latencyP99Ms: 100", "latencyP99Ms: -1"))
     assert main(["profile", "--url", "127.0.0.1:9", "--model", "m", "-f", str(f)]) == 2
     assert "spec.sla.latencyP99Ms" in capsys.readouterr().err
+
+
+# --- against a stand-in server: what is checked once the server has described the model, and what is printed
+
+SLEEPY = ModelInfo(
+    name="sleepy",
+    version="",
+    platform="",
+    backend="python",
+    max_batch_size=8,
+    inputs=(TensorInfo("INPUT0", "FP32", (4,)),),
+    outputs=(TensorInfo("OUTPUT0", "FP32", (4,)),),
+)
+
+
+class FakeServer:
+    """Stands in for connect/read_model_info/measure; ``measured`` records the batch sizes measured."""
+
+    def __init__(self, info: ModelInfo = SLEEPY, fail: str | None = None) -> None:
+        self.info = info
+        self.fail = fail
+        self.connected = 0
+        self.measured: list[list[int]] = []
+
+    def connect(self, url: str, timeout_s: float = 10.0) -> Any:
+        self.connected += 1
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def read_model_info(self, client: Any, url: str, model: str, version: str = "") -> ModelInfo:
+        return self.info
+
+    def measure(
+        self,
+        client: Any,
+        info: ModelInfo,
+        make_inputs: Callable[[int], list[Any]],
+        batch_sizes: Sequence[int],
+        *,
+        warmup: int = 5,
+        repeats: int = 30,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[SizeMeasurement]:
+        self.measured.append(list(batch_sizes))
+        if self.fail:
+            raise ProfileError(self.fail)
+        for done in range(1, len(batch_sizes) * repeats + 1):
+            if progress is not None:
+                progress(done, len(batch_sizes) * repeats)
+        return [SizeMeasurement(b, tuple(2.0 + 0.5 * b for _ in range(repeats))) for b in batch_sizes]
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
+    fake = FakeServer()
+    monkeypatch.setattr(profiling, "connect", fake.connect)
+    monkeypatch.setattr(profiling, "read_model_info", fake.read_model_info)
+    monkeypatch.setattr(profiling, "measure", fake.measure)
+    return fake
+
+
+def profile(*args: str) -> list[str]:
+    return ["profile", "--url", "h:1", "--model", "sleepy", "--repeats", "3", "--warmup", "0", *args]
+
+
+def sleepy_file(tmp_path: Path, **spec: Any) -> Path:
+    """The seed example made the sleep model, its profile reaching batch size 16, with ``spec`` overrides."""
+    doc = yaml.safe_load((ROOT / "examples" / "seed-example.yaml").read_text())
+    doc["spec"]["model"] = {
+        "name": "sleepy",
+        "backend": "python",
+        "inputs": [{"name": "INPUT0", "dataType": "TYPE_FP32", "dims": [4]}],
+        "outputs": [{"name": "OUTPUT0", "dataType": "TYPE_FP32", "dims": [4]}],
+        "repository": {"pvc": {"claimName": "models", "path": "triton"}},
+    }
+    doc["spec"]["profile"] += [{"batchSize": 16, "latencyMs": 80}, {"batchSize": 32, "latencyMs": 150}]
+    doc["spec"].update(spec)
+    path = tmp_path / "bm.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ("4,16", "--batch-sizes 16 exceeds the max_batch_size=8 of model 'sleepy' on h:1"),
+        ("64,2,32", "--batch-sizes 32,64 exceed the max_batch_size=8 of model 'sleepy' on h:1"),
+    ],
+)
+def test_batch_sizes_above_the_servers_max_batch_size_exit_2_before_anything_is_measured_or_printed(
+    server: FakeServer, capsys: pytest.CaptureFixture[str], sizes: str, message: str
+) -> None:
+    assert main(profile("--batch-sizes", sizes, "--latency-p99-ms", "80")) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [message]  # one line, no blank line before it, no traceback
+    assert captured.out == ""
+    assert server.measured == []
+
+
+def test_batch_sizes_above_1_for_a_model_without_batching_exit_2(
+    server: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.info = ModelInfo(**{**SLEEPY.__dict__, "max_batch_size": 0})
+    assert main(profile("--batch-sizes", "1,2")) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "--batch-sizes 2: model 'sleepy' on h:1 does not batch (max_batch_size=0), so every request holds one "
+        "sample: the only batch size is 1"
+    ]
+    assert server.measured == []
+
+
+def test_a_files_profile_above_max_batch_size_is_noted_and_replaced(
+    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = sleepy_file(tmp_path)
+    assert main(profile("-f", str(path), "-o", "yaml")) == 0
+    captured = capsys.readouterr()
+    assert server.measured == [[1, 2, 4, 8]]
+    err = captured.err.splitlines()
+    assert err[0] == (
+        f"note: -f {path}: spec.profile batch sizes 16,32 are above the max_batch_size=8 of model 'sleepy' on h:1; "
+        "the measured profile replaces the file's and stops at 8"
+    )
+    assert err[1].startswith("plan: max_batch_size")
+    assert len(err) == 2, err
+    doc = yaml.safe_load(captured.out)
+    assert [p["batchSize"] for p in doc["spec"]["profile"]] == [1, 2, 4, 8]
+
+
+def test_a_file_that_needs_batch_sizes_above_max_batch_size_exits_2_before_measuring(
+    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = sleepy_file(tmp_path, batching={"preferredBatchSizes": [4, 16]})
+    assert main(profile("-f", str(path))) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"-f {path} does not fit the profile to measure, at batch sizes 1,2,4,8 (max_batch_size=8 of model "
+        "'sleepy' on h:1): spec.batching.preferredBatchSizes[1]=16 exceeds the largest profiled batch size 8 "
+        "(spec.profile[3].batchSize); the profile is never extrapolated"
+    ]
+    assert captured.out == ""
+    assert server.measured == []
+
+
+def test_a_model_the_server_describes_outside_the_schema_fails_before_measuring(
+    server: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.info = ModelInfo(**{**SLEEPY.__dict__, "name": "my model"})
+    assert main(profile("--latency-p99-ms", "80")) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("batchfill profile: model 'my model' on h:1 does not make a valid BatchedModel: "), err
+    assert "spec.model.name" in err[0]
+    assert server.measured == []
+
+
+def test_a_shape_for_an_unknown_input_exits_2(server: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(profile("--shape", "FOO=3")) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "--shape names ['FOO'], which are not inputs of 'sleepy' on h:1 (its inputs: ['INPUT0'])"
+    ]
+    assert server.measured == []
+
+
+@pytest.mark.parametrize(
+    ("args", "stderr"),
+    [
+        (["-o", "yaml"], []),
+        (["-o", "yaml", "--latency-p99-ms", "80"], ["plan: max_batch_size"]),
+        ([], []),
+    ],
+)
+def test_stderr_has_no_blank_line_when_not_a_terminal(
+    server: FakeServer, capsys: pytest.CaptureFixture[str], args: list[str], stderr: list[str]
+) -> None:
+    assert main(profile(*args)) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == len(stderr), err
+    assert all(line.startswith(start) for line, start in zip(err, stderr, strict=True)), err
+
+
+def test_an_error_while_measuring_is_one_line(server: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
+    server.fail = "'sleepy': inference of batch size 4 failed: out of memory"
+    assert main(profile()) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["batchfill profile: 'sleepy': inference of batch size 4 failed: out of memory"]
+    assert captured.out == ""
+
+
+def test_a_document_built_from_metadata_says_it_has_no_repository(
+    server: FakeServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(profile("--latency-p99-ms", "80", "-o", "yaml")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(NO_REPOSITORY_COMMENT)
+    doc = yaml.safe_load(out)
+    assert "repository" not in doc["spec"]["model"]
+    path = tmp_path / "measured.yaml"
+    path.write_text(out)
+    assert main(["plan", str(path)]) == 0  # the comment is YAML: the output is still accepted unchanged
+
+
+def test_a_document_from_a_file_carries_its_repository(
+    server: FakeServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = sleepy_file(tmp_path)
+    assert main(profile("-f", str(path), "-o", "yaml")) == 0
+    out = capsys.readouterr().out
+    assert not out.startswith("#")
+    doc = yaml.safe_load(out)
+    assert doc["spec"]["model"]["repository"] == {"pvc": {"claimName": "models", "path": "triton"}}
+    assert load_model(doc).spec.model.repository is not None
+
+
+def test_dump_document_comments_only_a_batched_model_without_repository() -> None:
+    base = yaml.safe_load((ROOT / "examples" / "seed-example.yaml").read_text())
+    assert dump_document(base).startswith(NO_REPOSITORY_COMMENT)
+    with_repo = copy.deepcopy(base)
+    with_repo["spec"]["model"]["repository"] = {"uri": "s3://bucket/models"}
+    assert dump_document(with_repo) == yaml.safe_dump(with_repo, sort_keys=False)
+    block = {"profile": [{"batchSize": 1, "latencyMs": 1.0}]}
+    assert dump_document(block) == yaml.safe_dump(block, sort_keys=False)

@@ -115,6 +115,15 @@ Server-side apply needs both create (object absent) and patch (object present).
   verbs: ["list", "watch"]
 {{- end }}
 
+{{/* Leader election: only in the release namespace (a Role there), never cluster-wide. */}}
+{{- define "batchfill.rules.leaderElection" -}}
+# batchfill: leader election (batchfill.adapters.leader) reads its Lease, creates it, and renews, takes over or
+# releases it with update (a replace carrying the resourceVersion it read: optimistic concurrency).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
+{{- end }}
+
 {{/* Only for kopf namespace globs: kopf lists/watches namespaces to find those that match. */}}
 {{- define "batchfill.rules.namespaces" -}}
 # kopf: lists/watches namespaces to serve those matching the watchNamespaces globs.

@@ -9,6 +9,7 @@ importing this module twice (tests) registers nothing globally.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -43,12 +44,21 @@ RECONCILE = Histogram(
     "batchfill_reconcile_duration_seconds", "Handler durations.", ("handler",), registry=REGISTRY,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )  # fmt: skip
+LEADER = Gauge(
+    "batchfill_operator_leader", "1 while this operator replica holds the leader-election Lease (acts), else 0.",
+    registry=REGISTRY,
+)  # fmt: skip
+_SERVED: set[int] = set()
+_SERVE_LOCK = threading.Lock()
 
 
 def serve(port: int) -> None:
-    """Serve ``/metrics`` on ``port`` (0: off)."""
-    if port:
-        start_http_server(port, registry=REGISTRY)
+    """Serve ``/metrics`` on ``port`` (0: off). Idempotent: `batchfill run` serves it before waiting for the Lease
+    (a standby replica answers scrapes too) and the startup handler asks again."""
+    with _SERVE_LOCK:
+        if port and port not in _SERVED:
+            start_http_server(port, registry=REGISTRY)
+            _SERVED.add(port)
 
 
 def observe_tick(

@@ -50,6 +50,13 @@ class ProfileError(RuntimeError):
     """A profile that cannot be measured; the message says why, with the server, model and numbers."""
 
 
+class ProfileUsageError(ProfileError):
+    """A flag or input file that does not fit the model on the server; the message names the option and numbers.
+
+    The command line reports it like any other bad argument (exit 2), and always before measuring.
+    """
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One input or output as the server declares it: wire data type and dims without the batch dimension."""
@@ -167,6 +174,7 @@ def input_maker(
         shapes: dims (without the batch dimension) for inputs whose declared dims are variable (-1).
 
     Raises:
+        ProfileUsageError: ``shapes`` names a tensor that is not an input of the model.
         ProfileError: for an input whose data type or variable dims cannot be synthesized, naming it and the
             ``--shape`` to give.
     """
@@ -175,7 +183,10 @@ def input_maker(
     shapes = shapes or {}
     unknown = set(shapes) - {t.name for t in info.inputs}
     if unknown:
-        raise ProfileError(f"--shape names {sorted(unknown)}, which are not inputs of {info.name!r}")
+        raise ProfileUsageError(
+            f"--shape names {sorted(unknown)}, which are not inputs of {info.name!r} on {url} "
+            f"(its inputs: {[t.name for t in info.inputs]})"
+        )
     plan: list[tuple[TensorInfo, tuple[int, ...], Any]] = []
     for t in info.inputs:
         dims = tuple(int(d) for d in shapes.get(t.name, t.dims))
