@@ -245,7 +245,13 @@ class ScalingLoop(_PeriodicLoop):
         started = time.monotonic()
         try:
             tick = scale_tick(
-                body, self.view, self.hub.signals, self.history.get(uid, ()), now=now, monitored=uid in self.monitored
+                body,
+                self.view,
+                self.hub.signals,
+                self.history.get(uid, ()),
+                now=now,
+                monitored=uid in self.monitored,
+                interval_s=self.interval_s,
             )
             written = not tick.status or self.kube.patch_status(body, tick.status)
             if written and tick.scale_to is not None:

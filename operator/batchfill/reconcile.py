@@ -31,7 +31,17 @@ from batchfill.policy import conditions as cond
 from batchfill.policy.plan import PlanResult, first_plan, plan_batching, significant
 from batchfill.policy.profile import LatencyProfile
 from batchfill.policy.profile_fit import BatchTotals, FittedPoint, decide_replan, fit_profile
-from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Replicas, ScalingInput, decide
+from batchfill.policy.scaling import (
+    Decision,
+    PlanNumbers,
+    Recommendation,
+    Replicas,
+    ScalingInput,
+    compact_history,
+    decide,
+    expand_history,
+    history_horizon_s,
+)
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render import config_hash, render_model_config
 from batchfill.render.kube import (
@@ -428,6 +438,7 @@ def scale_tick(
     *,
     now: float,
     monitored: bool = False,
+    interval_s: float = 15.0,
 ) -> ScaleTick:
     """Status refresh and one scaling decision for a planned BatchedModel (gather -> decide; the caller acts).
 
@@ -443,6 +454,8 @@ def scale_tick(
     ``HoldMetricsUnknown`` once per change of the MetricsAvailable=False reason (a Warning for Prometheus
     trouble, Normal for pods not scraped yet). Status holds only the fields that differ from the stored ones.
     ``monitored`` (from the previous tick's result) skips looking for the ServiceMonitor child again.
+    ``history`` empty (a restart, a new leader): the votes come from ``status.scalingHistory``, expanded to one
+    per ``interval_s`` (the loop's tick, seconds).
     """
     meta = body["metadata"]
     status: Mapping[str, Any] = body.get("status") or {}
@@ -487,6 +500,9 @@ def scale_tick(
         pending=pods.pending,
         pending_reason=pods.pending_reason,
     )
+    horizon = history_horizon_s(spec.scaling.scaleDownStabilizationSeconds, signals.window_s)
+    if not history:  # a restarted or newly elected operator continues the window status kept
+        history = expand_history(_votes(status.get("scalingHistory")), now, horizon, interval_s)
     decision = decide(ScalingInput(now, signals, PlanNumbers.from_status(plan), spec.scaling, replicas, history))
     target_replicas = decision.desired_replicas if decision.apply else current
     events: list[tuple[str, str, str]] = []
@@ -516,6 +532,10 @@ def scale_tick(
     if decision.apply or restored is not None:
         wanted["lastScaleTime"] = cond.rfc3339(now)
     wanted["observed"] = observed_status(signals)
+    wanted["scalingHistory"] = [
+        {"time": cond.rfc3339(v.time), "replicas": v.replicas, "ready": v.ready}
+        for v in compact_history(decision.history, now, horizon)
+    ]
     return ScaleTick(
         changed_fields(status, wanted),
         decision=decision,
@@ -529,6 +549,20 @@ def scale_tick(
         events=tuple(events),
         monitored=monitored,
     )
+
+
+def _votes(stored: Any) -> tuple[Recommendation, ...]:
+    """status.scalingHistory as votes; malformed entries (a hand-edited status) are skipped."""
+    out = []
+    for v in stored if isinstance(stored, list) else []:
+        try:
+            t = _seconds(v.get("time"))
+            replicas, ready = int(v["replicas"]), int(v["ready"])
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+        if t is not None and math.isfinite(t) and replicas >= 0 and ready >= 0:
+            out.append(Recommendation(t, replicas, ready))
+    return tuple(sorted(out))
 
 
 def _scaling_conditions(decision: Decision, signals: ModelSignals) -> list[cond.ConditionUpdate]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from batchfill.api.spec import ScalingMode, ScalingSpec
@@ -21,7 +21,10 @@ from batchfill.policy.scaling import (
     Recommendation,
     Replicas,
     ScalingInput,
+    compact_history,
     decide,
+    expand_history,
+    history_horizon_s,
 )
 from batchfill.policy.signals import ModelSignals, SignalState
 
@@ -429,3 +432,64 @@ def test_fill_evidence_settles_for_the_signal_window_only() -> None:
     assert (d.desired_replicas, d.reason) == (3, "ScaleOutSaturated")
     recent = (Recommendation(NOW - 8, 2, 1), Recommendation(NOW - 3, 2, 2))  # joined < 8 s ago: inside the window
     assert run(full, 2, 2, history=recent).reason == "HoldSettling"
+
+
+# --- the window after a restart: status.scalingHistory ------------------------------------------------------
+
+
+#: Load phases: (rate, ticks), so that a drop lasts long enough for a scale-in to be held back or happen.
+PHASES = st.lists(
+    st.tuples(st.sampled_from([0.0, 20.0, 60.0, 120.0, 200.0, 300.0]), st.integers(min_value=1, max_value=12)),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@example(phases=[(300.0, 10), (0.0, 30)], restart_at=12, window=60)  # without the restored window: 3 ticks late
+@given(phases=PHASES, restart_at=st.integers(min_value=1, max_value=90), window=st.sampled_from([0, 60, 120, 300]))
+def test_a_restart_that_restores_the_compact_history_decides_as_if_nothing_happened(
+    phases: list[tuple[float, int]], restart_at: int, window: int
+) -> None:
+    """Ticks every 15 s; at one tick the operator restarts and has only status.scalingHistory (compact): every
+    decision from then on equals the uninterrupted run's."""
+    rates = [rate for rate, ticks in phases for _ in range(ticks)]
+    step = 15.0
+    spec = ScalingSpec(minReplicas=1, maxReplicas=8, targetUtilization=0.8, scaleDownStabilizationSeconds=window)
+    horizon = history_horizon_s(window, 60.0)
+
+    def tick(t: float, rate: float, current: int, history: tuple[Recommendation, ...]) -> Decision:
+        signals = ok(rate, fill=min(1.0, rate / 400), pods=current) if rate else IDLE
+        return decide(ScalingInput(t, signals, PLAN, spec, Replicas(current, current, 0, 0, ""), history))
+
+    def replay(restart: int | None) -> list[tuple[int, str]]:
+        current, history, stored, out = 2, (), (), []
+        for i, rate in enumerate(rates):
+            t = NOW + i * step
+            if i == restart:
+                history = expand_history(stored, t, horizon, step)
+            d = tick(t, rate, current, history)
+            out.append((d.desired_replicas, d.reason))
+            history, stored = d.history, compact_history(d.history, t, horizon)
+            current = d.desired_replicas
+        return out
+
+    assert replay(restart_at) == replay(None)
+
+
+def test_the_compact_history_changes_only_when_the_vote_or_ready_count_does() -> None:
+    steady = tuple(Recommendation(NOW + 15 * i, 3, 3) for i in range(30))
+    horizon = 300.0
+    compact = compact_history(steady, NOW + 15 * 29, horizon)
+    assert compact == (Recommendation(NOW, 3, 3),)  # one entry for 7 minutes of the same vote
+    changed = (*steady, Recommendation(NOW + 15 * 30, 4, 3))
+    assert compact_history(changed, NOW + 450, horizon) == (Recommendation(NOW, 3, 3), Recommendation(NOW + 450, 4, 3))
+    # once the change is older than the horizon, the vote before it is dropped
+    later = compact_history(changed, NOW + 450 + horizon, horizon)
+    assert later == (Recommendation(NOW + 450, 4, 3),)
+    assert expand_history(later, NOW + 800, horizon, 15.0)[0].time > NOW + 800 - horizon
+
+
+def test_expand_history_rejects_a_non_positive_step() -> None:
+    with pytest.raises(ValueError, match="step_s=0"):
+        expand_history((Recommendation(NOW, 1, 1),), NOW + 30, 300.0, 0.0)

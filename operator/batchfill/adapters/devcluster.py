@@ -875,6 +875,50 @@ def cluster_down(run_dir: str | os.PathLike[str], *, console: Console | None = N
     con.log(f"dev cluster stopped; removed {run}")
 
 
+def restart_components(
+    info: ClusterInfo,
+    names: Sequence[str] = ("etcd", "kube-apiserver"),
+    *,
+    down_s: float = 0.0,
+    timeout_s: float = 180.0,
+    die_with_parent: bool = True,
+) -> float:
+    """Kill (SIGKILL) the named components of a running dev cluster and start them again with the same flags,
+    ports and data directory, as a crash and a supervisor's restart would. Returns the seconds from the kill
+    until the API server answers ``/readyz`` again.
+
+    ``down_s``: seconds to stay down between the kill and the restart. Raises :class:`DevClusterError` when a
+    component cannot be stopped or does not come back within ``timeout_s``.
+    """
+    run = info.run_dir
+    state = _State.load(run)
+    if state is None:
+        raise DevClusterError(f"{run} has no dev-cluster state")
+    unknown = [n for n in names if n not in state.processes]
+    if unknown:
+        raise DevClusterError(f"unknown components {unknown}; known: {sorted(state.processes)}")
+    t0 = time.monotonic()
+    for n in names:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(state.processes[n].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and not all(_gone(state.processes[n]) for n in names):
+        time.sleep(0.05)
+    survivors = [n for n in names if not _gone(state.processes[n])]
+    if survivors:
+        raise DevClusterError(f"{', '.join(survivors)} survived SIGKILL")
+    time.sleep(down_s)
+    cmds = _commands(Path(state.bin_dir), run, state.ports, kwok_stages_dir())
+    for n in (c for c in COMPONENTS if c in names):  # etcd before the API server
+        state.processes[n] = _spawn(n, cmds[n], run, die_with_parent)
+        info.pids[n] = state.processes[n].pid
+    state.save(run)
+    admin = _admin_ssl(run / "pki")
+    _wait("kube-apiserver ready after a restart", lambda: _get(f"{state.server}/readyz", admin)[0] == 200,
+          timeout_s, run, state, list(names))  # fmt: skip
+    return time.monotonic() - t0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # ServiceAccount kubeconfig (the operator does not run as system:masters)
 # ---------------------------------------------------------------------------------------------------------

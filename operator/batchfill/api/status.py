@@ -115,6 +115,14 @@ class PlannedProfileStatus(_Status):
     )
 
 
+class ScalingVote(_Status):
+    """From ``time`` until the next vote, the scaling decision voted for ``replicas`` with ``ready`` Ready."""
+
+    time: str = Field(description="RFC 3339, whole seconds.")
+    replicas: int = Field(ge=0, description="The replica count this tick voted for.")
+    ready: int = Field(ge=0, description="Ready replicas at that tick.")
+
+
 class BatchedModelStatus(_Status):
     """Status subresource of a BatchedModel."""
 
@@ -132,3 +140,10 @@ class BatchedModelStatus(_Status):
     observed: ObservedStatus | None = None
     measuredProfile: MeasuredProfileStatus | None = None
     plannedProfile: PlannedProfileStatus | None = None
+    scalingHistory: list[ScalingVote] | None = Field(
+        default=None,
+        description=(
+            "The scaling votes of the stabilization window, an entry only where the vote or the Ready count "
+            "changed: a restarted or newly elected operator continues the window instead of starting it over."
+        ),
+    )

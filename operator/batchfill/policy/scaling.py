@@ -80,6 +80,46 @@ class Recommendation(NamedTuple):
     ready: int
 
 
+def history_horizon_s(stabilization_s: float, signal_window_s: float) -> float:
+    """How far back (s) :func:`decide` looks at votes: the scale-down stabilization window, or the time the
+    signals and Triton's p99 summary need to show a new replica, whichever is longer."""
+    return max(float(stabilization_s), signal_window_s, P99_SUMMARY_WINDOW_S)
+
+
+def compact_history(history: tuple[Recommendation, ...], now: float, horizon_s: float) -> tuple[Recommendation, ...]:
+    """``history`` as status keeps it: times in whole seconds, an entry only where (replicas, ready) changed, and
+    no entry whose successor began before ``now - horizon_s``. A steady model keeps the same few entries, so
+    its status is not rewritten every tick; :func:`expand_history` undoes it to within a tick."""
+    out: list[Recommendation] = []
+    for h in sorted(history):
+        if out and (out[-1].replicas, out[-1].ready) == (h.replicas, h.ready):
+            continue
+        out.append(Recommendation(float(math.floor(h.time)), h.replicas, h.ready))
+    while len(out) >= 2 and out[1].time <= now - horizon_s:
+        out.pop(0)
+    return tuple(out)
+
+
+def expand_history(
+    compact: tuple[Recommendation, ...], now: float, horizon_s: float, step_s: float
+) -> tuple[Recommendation, ...]:
+    """Per-tick votes (one every ``step_s``) over the last ``horizon_s`` before ``now`` from the compact form:
+    each entry holds from its time until the next entry's (the last one until ``now``, excluded)."""
+    if step_s <= 0 or not math.isfinite(step_s):
+        raise ValueError(f"step_s={step_s} must be a positive number of seconds")
+    out: list[Recommendation] = []
+    ordered = sorted(compact)
+    for i, h in enumerate(ordered):
+        end = ordered[i + 1].time if i + 1 < len(ordered) else now
+        t = h.time
+        if t <= now - horizon_s:  # the first tick of its grid that decide() keeps (after now - horizon)
+            t += (math.floor((now - horizon_s - t) / step_s) + 1) * step_s
+        while t < end and t < now:
+            out.append(Recommendation(t, h.replicas, h.ready))
+            t += step_s
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class PlanNumbers:
     """The plan's numbers the decision needs (``status.plan``).
@@ -190,7 +230,7 @@ def decide(inp: ScalingInput) -> Decision:
     # evidence (fill, queue time, p99) describes the whole signal window, and Triton's p99 summary a sliding
     # window of its own: after a replica joins, neither shows the new capacity until both have passed
     settle_s = max(sig.window_s, P99_SUMMARY_WINDOW_S)
-    horizon = max(window_s, settle_s)
+    horizon = history_horizon_s(window_s, sig.window_s)
     history = tuple(h for h in inp.history if now - horizon < h.time <= now)
     if not history:  # operator restart or a gap: no scale-in before a full window has been observed
         history = (Recommendation(now, current, ready),)
