@@ -299,6 +299,8 @@ class ScalingLoop(_PeriodicLoop):
 
 #: Per-pod timeout of a statistics read, seconds (reads run in parallel; an unreachable pod costs this once).
 PROFILE_READ_TIMEOUT_S = 2.0
+#: How long no Ready pod's statistics may be unreadable before a StatisticsUnavailable Warning, seconds.
+UNREAD_WARNING_S = 120.0
 
 
 class ProfilingLoop(_PeriodicLoop):
@@ -315,6 +317,7 @@ class ProfilingLoop(_PeriodicLoop):
         self.baselines: dict[str, dict[str, PodBatchStats]] = {}  # model uid -> pod uid -> first statistics read
         self.unread: set[tuple[str, str]] = set()  # (model uid, pod IP) whose last statistics read failed
         self.unread_warned: dict[str, float] = {}  # model uid -> when StatisticsUnavailable was last posted
+        self.unread_since: dict[str, float] = {}  # model uid -> since when no Ready pod's statistics could be read
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="batchfill-stats")
 
     def stop(self) -> None:
@@ -333,6 +336,8 @@ class ProfilingLoop(_PeriodicLoop):
             del self.baselines[uid]
         for uid in set(self.unread_warned) - seen:
             del self.unread_warned[uid]
+        for uid in set(self.unread_since) - seen:
+            del self.unread_since[uid]
         self.unread = {k for k in self.unread if k[0] in seen}
 
     def _profile(self, body: dict[str, Any], now: float) -> None:
@@ -400,24 +405,27 @@ class ProfilingLoop(_PeriodicLoop):
     def _report_unread(
         self, body: dict[str, Any], failed: list[tuple[str, PodStatsError]], ready: int, now: float
     ) -> None:
-        """A Warning event when no Ready pod's statistics could be read (once per replan interval per model),
-        and a log line for each pod that turns unreadable: silence would look like a model never measured."""
+        """A Warning event when no Ready pod's statistics could be read for :data:`UNREAD_WARNING_S` (once per
+        replan interval per model), and a log line for each pod that turns unreadable: silence would look like a
+        model never measured. The delay keeps a roll or a scale-out (a pod Ready a moment before its server
+        answers) from raising an alarm."""
         meta = body["metadata"]
         uid = meta["uid"]
         for ip, err in failed:
             if (uid, ip) not in self.unread:
-                log.warning("statistics of %s/%s pod %s not read: %s", meta["namespace"], meta["name"], ip, err)
-        now_unread = {(uid, ip) for ip, _ in failed}
-        self.unread = {k for k in self.unread if k[0] != uid} | now_unread
+                log.info("statistics of %s/%s pod %s not read: %s", meta["namespace"], meta["name"], ip, err)
+        self.unread = {k for k in self.unread if k[0] != uid} | {(uid, ip) for ip, _ in failed}
         if not failed or len(failed) < ready:
+            self.unread_since.pop(uid, None)
             return
+        since = self.unread_since.setdefault(uid, now)
         interval = float(((body.get("spec") or {}).get("profiling") or {}).get("replanIntervalSeconds") or 600)
-        if now - self.unread_warned.get(uid, -math.inf) < interval:
+        if now - since < UNREAD_WARNING_S or now - self.unread_warned.get(uid, -math.inf) < interval:
             return
         self.unread_warned[uid] = now
         ip, err = failed[0]
         self._event(body, "Warning", "StatisticsUnavailable", (
-            f"Triton statistics of none of the {ready} Ready pod(s) could be read on port "
+            f"for {now - since:.0f} s Triton statistics of none of the {ready} Ready pod(s) could be read on port "
             f"{self.settings.triton_http_port} (e.g. {ip}: {err}); the profile is not being measured"
         ))  # fmt: skip
 

@@ -386,6 +386,8 @@ def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
     reasons = [e.reason for e in events]
     assert reasons.count("ProfileMeasured") == 1, reasons
     assert reasons.count("ConfigChanged") == 1, f"the Deployment must roll exactly once: {reasons}"
-    assert not [e for e in events if e.type == "Warning"], [(e.reason, e.message) for e in events]
+    assert not [e for e in events if e.type == "Warning"], [
+        (e.reason, e.message) for e in events if e.type == "Warning"
+    ]
     lab.load.set_rate(0)
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
