@@ -1,0 +1,224 @@
+"""Faults on the real local cluster: the operator killed with SIGKILL mid-create and mid-update, etcd and
+kube-apiserver killed under it, a Deployment deleted by hand, a namespace deleted under its BatchedModels, and the
+same BatchedModel created and deleted 50 times. After each, the cluster converges to the spec: every model is
+Planned for its current generation with exactly one Deployment, ConfigMap and Service, nothing is stuck in
+Terminating, and the pods rolled exactly as often as the config changed.
+
+The operator runs as a subprocess with the install's ServiceAccount (as in test_operator.py), restarted by the
+tests as a Deployment's kubelet would. Triton pods are kwok pods (no Triton process, so no scaling signals:
+scaling under faults is covered by test_scaling.py's Prometheus outage and the status precondition).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from batchfill.adapters import devcluster
+from batchfill.demo import install_operator_rbac, operator_as_service_account
+
+from .conftest import USE_EXISTING
+from .support import Kube, model_volume, temp_namespace, until, wait_for
+from .test_operator import GROUP, PLURAL, VERSION, batched_model, children, custom, get_bm, is_true
+
+pytestmark = pytest.mark.cluster
+
+#: What a converged model looks like within this many seconds of the fault (2 shared cores: generous).
+CONVERGE_S = 120.0
+
+
+class Operator:
+    """``batchfill run`` as a subprocess that can be killed (SIGKILL) and started again; logs kept per run."""
+
+    def __init__(self, kube: Kube, work: Path) -> None:
+        self.kube, self.work, self.runs = kube, work, 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stack = ExitStack()
+
+    def start(self) -> None:
+        self.runs += 1
+        self._stack = ExitStack()
+        log = self.work / f"operator-{self.runs}.log"
+        self.proc = self._stack.enter_context(
+            operator_as_service_account(self.kube.kubeconfig, self.work, log, args=("--verbose",))
+        )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL: no cleanup handler runs
+        self.proc.wait(timeout=30)
+        self._stack.close()
+
+    def stop(self) -> None:
+        self._stack.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def logs(self) -> str:
+        return "\n".join((self.work / f"operator-{i}.log").read_text(errors="replace") for i in range(1, self.runs + 1))
+
+
+@pytest.fixture(scope="module")
+def operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    work = tmp_path_factory.mktemp("chaos")
+    install_operator_rbac(kube.kubeconfig, work)
+    op = Operator(kube, work)
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+    crashes = [m.group(0) for m in re.finditer(r"Traceback \(most recent call last\):\n(?:.*\n){0,30}", op.logs())]
+    # kopf logs handler errors with their traceback only for unexpected exceptions: none is expected here
+    assert not crashes, "the operator logged an unexpected exception:\n" + crashes[0][-3000:]
+
+
+def converged(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    """The model when it is Planned for its generation and has its three children, else None."""
+    try:
+        bm = get_bm(kube, ns, name)
+    except ApiException:
+        return None
+    status = bm.get("status") or {}
+    if status.get("observedGeneration") != bm["metadata"]["generation"] or not is_true(bm, "Planned"):
+        return None
+    kids = children(kube, ns, name)
+    if len(kids) != 3:
+        return None
+    want = kids["configmap"].metadata.annotations["batchfill.io/config-hash"]
+    if kids["deployment"].spec.template.metadata.annotations.get("batchfill.io/config-hash") != want:
+        return None
+    return bm
+
+
+def replica_sets(kube: Kube, ns: str, name: str) -> list[Any]:
+    return [
+        rs
+        for rs in kube.apps.list_namespaced_replica_set(ns).items
+        if any(o.name == f"{name}-triton" for o in rs.metadata.owner_references or [])
+    ]
+
+
+def test_operator_killed_mid_create_and_mid_update_converges_once_restarted(kube: Kube, operator: Operator) -> None:
+    names = [f"crash-{i}" for i in range(3)]
+    with temp_namespace(kube, prefix="bf-chaos-") as ns:
+        model_volume(kube, ns)
+        for name in names:
+            custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model(name))
+        time.sleep(0.5)  # the operator is handling the creations now (or has not seen them yet)
+        operator.kill()
+        operator.start()
+        for name in names:
+            until(f"{name} converged after the restart", lambda n=name: converged(kube, ns, n), bool, CONVERGE_S)
+            assert len(replica_sets(kube, ns, name)) == 1, "created once: one ReplicaSet"
+
+        for name in names:
+            custom(kube).patch_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name, {"spec": {"sla": {"latencyP99Ms": 70, "networkOverheadMs": 10}}}
+            )
+        time.sleep(0.3)
+        operator.kill()
+        operator.start()
+        for name in names:
+            bm = until(
+                f"{name} converged to the new SLA",
+                lambda n=name: converged(kube, ns, n),
+                lambda b: b is not None and b["status"]["plan"]["serverBudgetMs"] == 60,
+                CONVERGE_S,
+            )
+            assert bm["metadata"]["generation"] == 2
+        time.sleep(5)  # a second roll, if any, has had time to start
+        for name in names:
+            assert len(replica_sets(kube, ns, name)) == 2, f"{name}: the config changed once, so one roll"
+        assert operator.alive()
+
+
+def test_etcd_and_api_server_killed_under_the_operator(kube: Kube, operator: Operator) -> None:
+    if USE_EXISTING or kube.info is None:
+        pytest.skip("restarts the local dev cluster's own etcd and kube-apiserver")
+    with temp_namespace(kube, prefix="bf-chaos-") as ns:
+        model_volume(kube, ns)
+        custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("outage"))
+        until("converged", lambda: converged(kube, ns, "outage"), bool, CONVERGE_S)
+        took = devcluster.restart_components(kube.info, ("etcd", "kube-apiserver"), down_s=5.0)
+        print(f"etcd and kube-apiserver down 5 s, ready again {took:.1f} s after the kill")
+        kube.close()  # the test's own client held connections to the old server
+        assert operator.alive(), "the operator must ride out an API outage"
+        # a spec change made after the outage is handled: the watch came back
+        custom(kube).patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, "outage", {"spec": {"sla": {"latencyP99Ms": 70, "networkOverheadMs": 10}}}
+        )
+        bm = until(
+            "the post-outage edit handled",
+            lambda: converged(kube, ns, "outage"),
+            lambda b: b is not None and b["status"]["plan"]["serverBudgetMs"] == 60,
+            240,
+        )
+        assert bm["metadata"]["generation"] == 2
+        assert operator.alive()
+
+
+def test_a_deployment_deleted_by_hand_comes_back(kube: Kube, operator: Operator) -> None:
+    with temp_namespace(kube, prefix="bf-chaos-") as ns:
+        model_volume(kube, ns)
+        custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("handmade"))
+        until("converged", lambda: converged(kube, ns, "handmade"), bool, CONVERGE_S)
+        before = children(kube, ns, "handmade")
+        kube.apps.delete_namespaced_deployment("handmade-triton", ns)
+        wait_for("the Deployment gone", lambda: "deployment" not in children(kube, ns, "handmade") or None, 60)
+        # the scaling loop's next tick (15 s) re-applies the children
+        after = until("re-created", lambda: converged(kube, ns, "handmade"), bool, 90)
+        kids = children(kube, ns, "handmade")
+        assert kids["deployment"].metadata.uid != before["deployment"].metadata.uid
+        assert kids["configmap"].metadata.uid == before["configmap"].metadata.uid, "the ConfigMap was untouched"
+        assert after["metadata"]["generation"] == 1
+
+
+def test_a_namespace_deleted_under_its_models_goes_away(kube: Kube, operator: Operator) -> None:
+    with temp_namespace(kube, prefix="bf-chaos-", delete_timeout_s=180) as ns:
+        model_volume(kube, ns)
+        for name in ("a", "b"):
+            custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model(name))
+        for name in ("a", "b"):
+            until(f"{name} converged", lambda n=name: converged(kube, ns, n), bool, CONVERGE_S)
+        # temp_namespace deletes the namespace and fails unless it is gone within 180 s
+    assert operator.alive()
+
+
+def test_the_same_model_created_and_deleted_50_times_leaves_one_clean_copy(kube: Kube, operator: Operator) -> None:
+    with temp_namespace(kube, prefix="bf-chaos-") as ns:
+        model_volume(kube, ns)
+        for _ in range(50):
+            custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("flap"))
+            custom(kube).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "flap")
+            wait_for("deleted", lambda: _gone(kube, ns, "flap") or None, 30, 0.05)
+        custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("flap"))
+        bm = until("the last copy converged", lambda: converged(kube, ns, "flap"), bool, CONVERGE_S)
+        time.sleep(20)  # children of the 50 deleted copies, if any survived, would show up by now
+        uid = bm["metadata"]["uid"]
+        for kind, obj in children(kube, ns, "flap").items():
+            owners = [o.uid for o in obj.metadata.owner_references or []]
+            assert owners == [uid], f"{kind} is owned by {owners}, not by the live copy {uid}"
+        assert len(replica_sets(kube, ns, "flap")) == 1
+        deployments = kube.apps.list_namespaced_deployment(ns).items
+        assert [d.metadata.name for d in deployments] == ["flap-triton"]
+        custom(kube).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "flap")
+        wait_for("children collected", lambda: children(kube, ns, "flap") == {} or None, 90)
+        assert operator.alive()
+
+
+def _gone(kube: Kube, ns: str, name: str) -> bool:
+    try:
+        get_bm(kube, ns, name)
+    except ApiException as e:
+        return bool(e.status == 404)
+    return False
