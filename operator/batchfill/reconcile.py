@@ -658,12 +658,12 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
         return ProfileTick({})
     spec, plan = desired.spec, desired.plan_status
     prof = spec.profiling
-    fitted = fit_profile(totals, min_executions=prof.minExecutions, up_to=plan.maxBatchSize or None)
     planned = status.get("plannedProfile") or {}
     adopted = None
     if desired.profile_source == MEASURED:
         adopted = [FittedPoint(int(p["batchSize"]), float(p["latencyMs"]), int(p.get("executions", 0)))
                    for p in planned.get("points") or []]  # fmt: skip
+    fitted = fit_profile(totals, min_executions=prof.minExecutions, up_to=_batch_limit(spec, plan, adopted))
     declared = None if spec.profile_source == ProfileSource.MEASURED or not spec.profile else spec.profile
     decision = decide_replan(
         declared=LatencyProfile.from_points(declared) if declared else None,
@@ -706,6 +706,23 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
     if last is None or now - last >= prof.replanIntervalSeconds:
         return ProfileTick({"measuredProfile": measured_status}, reason=decision.reason)
     return ProfileTick({}, reason=decision.reason)
+
+
+def _batch_limit(spec: BatchedModelSpec, plan: PlanStatus, adopted: Sequence[FittedPoint] | None) -> int | None:
+    """The largest batch the measured profile is extended to: the model's limit, not the current plan's.
+
+    Triton forms no batch above the plan's ``max_batch_size``, so a measurement stops there; extended only to it,
+    a re-plan could never choose a larger batch than the plan it replaces. The limit is
+    ``spec.batching.maxBatchSize`` (the largest batch the model accepts) or, without it, the largest batch size
+    the declared or adopted profile holds (what the user profiled). None: the model does not batch.
+    """
+    if spec.batching.maxBatchSize == 0 or plan.maxBatchSize == 0:
+        return None
+    limit = spec.batching.maxBatchSize
+    if limit is None:
+        sizes = [p.batchSize for p in spec.profile or []] + [p.batch_size for p in adopted or []]
+        limit = max(sizes, default=0)
+    return max(limit, plan.maxBatchSize) or None
 
 
 def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

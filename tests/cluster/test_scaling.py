@@ -18,6 +18,7 @@ servers (a Service). Checked, in one BatchedModel's life:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -391,5 +392,45 @@ def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
     assert not [e for e in events if e.type == "Warning"], [
         (e.reason, e.message) for e in events if e.type == "Warning"
     ]
+    lab.load.set_rate(0)
+    lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
+
+
+def test_a_declared_profile_the_pods_contradict_is_replanned_once(lab: Lab) -> None:
+    """spec.profile says the model is twice as slow as it runs: the measurement disagrees beyond the tolerance,
+    the plan is rebuilt from it with one ProfileDisagrees event giving both values, and the Deployment rolls once."""
+    name = "declared"
+    lab.following = name
+    body = sleep_model(name, "Auto")
+    slow = [{"batchSize": b, "latencyMs": 2 * (ALPHA_MS + BETA_MS * b)} for b in (1, 2, 4, 8, 16)]
+    body["spec"]["profile"] = slow
+    body["spec"]["profiling"] = {"minExecutions": 20, "replanIntervalSeconds": 600, "tolerancePercent": 15}
+    lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
+    bm = until("planned", lambda: lab.bm(name), lambda b: condition(b, "Planned").get("status") == "True", 60)
+    assert condition(bm, "Planned")["reason"] == "Planned"
+    declared_b = bm["status"]["plan"]["maxBatchSize"]
+    until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
+
+    lab.load.set_rate(20.0)
+    bm = until(
+        "a replan from the measurement",
+        lambda: lab.bm(name),
+        lambda b: (
+            (b["status"].get("plannedProfile") or {}).get("source") == "Measured"
+            and condition(b, "Planned").get("reason") == "PlannedFromMeasuredProfile"
+        ),
+        240,
+    )
+    planned = bm["status"]["plannedProfile"]
+    assert planned["reason"] == "ProfileDisagrees"
+    assert re.search(r"declared \d+(\.\d+)? ms, measured \d+(\.\d+)? ms", planned["message"]), planned["message"]
+    assert bm["status"]["plan"]["maxBatchSize"] > declared_b, "the faster measured model batches more within T"
+    time.sleep(12)  # several profiling passes: the adopted measurement agrees, nothing more happens
+    events = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
+    reasons = [e.reason for e in events]
+    assert reasons.count("ProfileDisagrees") == 1, reasons
+    assert reasons.count("ConfigChanged") == 1, f"the Deployment must roll exactly once: {reasons}"
+    message = next(e.message for e in events if e.reason == "ProfileDisagrees")
+    assert re.search(r"declared \d+(\.\d+)? ms, measured \d+(\.\d+)? ms", message), message
     lab.load.set_rate(0)
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)

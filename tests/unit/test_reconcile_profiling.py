@@ -219,3 +219,20 @@ def test_children_that_do_not_serve_the_handled_spec_are_drift() -> None:
     reconciled = {**status, **desired_status(body(SPEC, status), d, None, now=T0 + 1)}
     assert children_drift(_deployment(d.config_hash), d, reconciled) == ""
     assert "status.plan" in children_drift(_deployment(d.config_hash), d, status)
+
+
+def test_a_replan_may_choose_a_larger_batch_than_the_plan_it_replaces() -> None:
+    """The running plan batches at most 2, so only sizes 1 and 2 are measured; the measurement still extends to
+    the model's limit (here the declared profile's largest size, 16), so a faster model can batch more."""
+    slow = [{"batchSize": b, "latencyMs": 2 * (40 + 6 * b)} for b in (1, 2, 4, 8, 16)]
+    spec = copy.deepcopy(SPEC) | {"profile": slow, "sla": {"latencyP99Ms": 200, "networkOverheadMs": 20}}
+    del spec["batching"]
+    declared = desired_state(spec)
+    assert declared.plan_status.maxBatchSize <= 2
+    tick = profile_tick(body(spec), totals(sizes=(1, 2)), pods=1, now=T0)
+    assert (tick.replan, tick.reason) == (True, "ProfileDisagrees")
+    points = tick.status["plannedProfile"]["points"]
+    assert [p["batchSize"] for p in points] == [1, 2, 16]
+    assert points[-1]["executions"] == 0  # extended by the fitted line
+    replanned = desired_state(spec, adopted_profile(spec, tick.status))
+    assert replanned.plan_status.maxBatchSize > declared.plan_status.maxBatchSize
