@@ -276,17 +276,26 @@ def test_types_translated() -> None:
     assert node_at("spec.scaling.mode")["default"] == "Auto"
     assert "TYPE_FP32" in node_at("spec.model.inputs[].dataType")["enum"]
     assert node_at("status.conditions[].status")["enum"] == ["True", "False", "Unknown"]
-    # Maps, int-or-string quantities, free-form tolerations.
+    # Maps (bounded: their key lengths as CEL rules), int-or-string quantities, typed tolerations.
+    key_rule = {
+        "message": "keys must be at least 1 and at most 317 characters",
+        "rule": "self.all(k, size(k) >= 1 && size(k) <= 317)",
+    }
     assert node_at("spec.triton.nodeSelector") == {
+        "description": "Node labels the Triton pods must run on.",
         "type": "object",
-        "additionalProperties": {"type": "string"},
+        "maxProperties": 64,
+        "additionalProperties": {"type": "string", "maxLength": 63},
+        "x-kubernetes-validations": [key_rule],
     }
     for field in ("requests", "limits"):
-        assert node_at(f"spec.triton.resources.{field}")["additionalProperties"] == {"x-kubernetes-int-or-string": True}
-    assert node_at("spec.triton.tolerations[]") == {
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": True,
-    }
+        node = node_at(f"spec.triton.resources.{field}")
+        assert node["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+        assert node["maxProperties"] == 32
+        assert key_rule in node["x-kubernetes-validations"]
+    tolerations = node_at("spec.triton.tolerations[]")
+    assert set(tolerations["properties"]) == {"key", "operator", "value", "effect", "tolerationSeconds"}
+    assert "x-kubernetes-preserve-unknown-fields" not in tolerations
 
 
 def test_descriptions_for_kubectl_explain() -> None:
@@ -315,6 +324,16 @@ EXPECTED_RULES: dict[str, list[str]] = {
         "!has(self.maxBatchSize) || self.maxBatchSize > 0",
     ],
     "spec.scaling": ["!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas"],
+    # maps: the lengths of their keys (and of quantity strings), which a structural schema cannot bound otherwise
+    "spec.triton.resources.requests": [
+        "self.all(k, type(self[k]) != string || size(self[k]) <= 64)",
+        "self.all(k, size(k) >= 1 && size(k) <= 317)",
+    ],
+    "spec.triton.resources.limits": [
+        "self.all(k, type(self[k]) != string || size(self[k]) <= 64)",
+        "self.all(k, size(k) >= 1 && size(k) <= 317)",
+    ],
+    "spec.triton.nodeSelector": ["self.all(k, size(k) >= 1 && size(k) <= 317)"],
 }
 
 
@@ -339,6 +358,9 @@ def test_cel_rules_name_only_fields_of_their_node() -> None:
     for path, rules in all_rules().items():
         node = node_at(path)
         for rule in rules:
+            if "additionalProperties" in node:  # a map: rules range over its keys
+                assert rule["rule"].startswith("self.all(k, "), rule
+                continue
             if node["type"] == "array":
                 # `self` is the list; fields are read from its items (`p.batchSize`).
                 fields = set(re.findall(r"\b[pq]\.(\w+)", rule["rule"]))
@@ -358,6 +380,9 @@ def test_cel_cost_is_bounded() -> None:
         node = node_at(path)
         if node["type"] == "array":
             assert "maxItems" in node, f"{path}: a list with a CEL rule needs maxItems"
+            continue
+        if "additionalProperties" in node:
+            assert "maxProperties" in node, f"{path}: a map with a CEL rule needs maxProperties"
             continue
         for rule in rules:
             text = re.sub(r"has\(self\.\w+\)", "", rule["rule"])  # has() is O(1) whatever the field

@@ -86,6 +86,8 @@ _PLAIN_KEYWORDS = (
     "pattern",
     "minItems",
     "maxItems",
+    "minProperties",
+    "maxProperties",
 )
 #: JSON-Schema keywords with no meaning in a CRD that are dropped.
 _DROPPED = frozenset({"title", "examples", "$defs"})
@@ -170,6 +172,24 @@ def _exclusive_bound(plain: Schema, exclusive: str, inclusive: str, stricter: An
     plain[exclusive] = True
 
 
+def _key_rules(node: Schema, path: str) -> Schema:
+    """``propertyNames`` length bounds (a map's keys) -> a CEL rule: structural schemas have no propertyNames."""
+    if "propertyNames" not in node:
+        return node
+    node = dict(node)
+    names = dict(node.pop("propertyNames"))
+    low, high = names.pop("minLength", None), names.pop("maxLength", None)
+    names.pop("type", None)
+    if names:
+        raise _at(path, f"propertyNames keywords with no CEL translation: {sorted(names)}")
+    checks = [c for c in (f"size(k) >= {low}" if low else "", f"size(k) <= {high}" if high else "") if c]
+    if checks:
+        bounds = " and ".join(b for b in (f"at least {low}" if low else "", f"at most {high}" if high else "") if b)
+        rule = {"message": f"keys must be {bounds} characters", "rule": f"self.all(k, {' && '.join(checks)})"}
+        node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), rule]
+    return node
+
+
 def _plain_text(description: str) -> str:
     """Docstrings mark literals with reST double backticks; ``kubectl explain`` shows text as it is."""
     return description.replace("``", "`")
@@ -181,7 +201,7 @@ _MAX_DEPTH = 32
 def _structural(raw: Schema, defs: Schema, path: str) -> Schema:
     if path.count(".") + path.count("[]") > _MAX_DEPTH:
         raise _at(path, f"nested deeper than {_MAX_DEPTH} levels (a recursive model cannot be structural)")
-    node = _drop_null_branch(_deref(raw, defs, path), defs, path)
+    node = _key_rules(_drop_null_branch(_deref(raw, defs, path), defs, path), path)
 
     if node.get("uniqueItems"):
         raise _at(path, "uniqueItems is not allowed in a CRD (use a CEL rule or x-kubernetes-list-type: set)")

@@ -21,6 +21,19 @@ def field_path(loc: Iterable[Any], root: str = "spec") -> str:
     return out
 
 
+#: Longest field path and message a problem keeps, and most problems one error keeps (one more says how many
+#: were left out). All of them joined become a condition's message, which the API server caps at 32768
+#: characters (status.conditions[].message); a spec with a 1 MB string or 128 duplicated tensor names must
+#: still get its condition written, not a status write the server refuses on every retry.
+MAX_PATH_CHARS = 256
+MAX_MESSAGE_CHARS = 512
+MAX_PROBLEMS = 30
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a spec: the field path and a message with the numbers."""
@@ -43,7 +56,11 @@ class SpecError(ValueError):
     def __init__(self, problems: Sequence[Problem], reason: str = "InvalidSpec") -> None:
         if not problems:
             raise ValueError("SpecError needs at least one problem")
-        self.problems: tuple[Problem, ...] = tuple(problems)
+        kept = [Problem(_clip(p.path, MAX_PATH_CHARS), _clip(p.message, MAX_MESSAGE_CHARS)) for p in problems]
+        if len(kept) > MAX_PROBLEMS:
+            rest = len(kept) - MAX_PROBLEMS
+            kept = [*kept[:MAX_PROBLEMS], Problem(kept[MAX_PROBLEMS].path, f"and {rest} more problem(s) not listed")]
+        self.problems: tuple[Problem, ...] = tuple(kept)
         self.reason = reason
         super().__init__("; ".join(str(p) for p in self.problems))
 

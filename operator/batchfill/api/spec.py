@@ -36,6 +36,16 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any
     return r
 
 
+#: Longest qualified name Kubernetes takes (label keys, resource names: a 253-character DNS prefix, "/", 63).
+QUALIFIED_NAME_MAX = 317
+#: Longest label value.
+LABEL_VALUE_MAX = 63
+#: Longest file path or object-store URI in the spec. Every string and map in the spec is bounded: an object
+#: the API server accepts must also fit the annotations kopf keeps the handled spec in (256 KiB in total).
+PATH_MAX = 1024
+QualifiedName = Annotated[str, Field(min_length=1, max_length=QUALIFIED_NAME_MAX)]
+
+
 class _Model(BaseModel):
     """Base: unknown fields are errors (the CRD is structural and prunes them; we say so instead)."""
 
@@ -108,23 +118,31 @@ class BatchInput(_Model):
     """A Triton ``batch_input`` entry (ragged batching); see Triton's ragged_batching.md."""
 
     kind: BatchInputKind
-    targetName: str = Field(min_length=1, description="Name of the extra tensor the model receives.")
+    targetName: str = Field(min_length=1, max_length=253, description="Name of the extra tensor the model receives.")
     dataType: DataType
-    sourceInputs: list[str] = Field(min_length=1, description="Inputs the batch input is computed from.")
+    sourceInputs: list[Annotated[str, Field(max_length=253)]] = Field(
+        min_length=1, max_length=16, description="Inputs the batch input is computed from."
+    )
 
 
 class PVCSource(_Model):
     """Model repository on a PersistentVolumeClaim."""
 
     claimName: str = Field(min_length=1, max_length=253)
-    path: str = Field(default="", description="Sub-path of the volume that holds the model repository.")
+    path: str = Field(
+        default="", max_length=PATH_MAX, description="Sub-path of the volume that holds the model repository."
+    )
 
 
 class ImageSource(_Model):
     """Model repository inside an OCI image (Kubernetes image volume)."""
 
-    reference: str = Field(min_length=1, description="OCI image reference holding the model repository.")
-    path: str = Field(default="", description="Directory inside the image that holds the model repository.")
+    reference: str = Field(
+        min_length=1, max_length=PATH_MAX, description="OCI image reference holding the model repository."
+    )
+    path: str = Field(
+        default="", max_length=PATH_MAX, description="Directory inside the image that holds the model repository."
+    )
 
 
 class ModelRepository(_Model):
@@ -145,6 +163,7 @@ class ModelRepository(_Model):
     image: ImageSource | None = None
     uri: str | None = Field(
         default=None,
+        max_length=PATH_MAX,
         pattern=r"^(s3|gs|as)://.+",
         description="Object-store model repository, as tritonserver --model-repository takes it (s3://, gs://, as://).",
     )
@@ -370,17 +389,55 @@ class ScalingSpec(_Model):
     )
 
 
+#: Longest quantity string ("500m", "1Gi"). The CRD cannot bound one branch of an int-or-string, so a CEL rule on
+#: the map does (:data:`_QUANTITIES`).
+QUANTITY_MAX = 64
 Quantity = Annotated[
-    int | str,
+    int | Annotated[str, Field(max_length=QUANTITY_MAX)],
     Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
 ]
+_QUANTITIES: dict[str, Any] = {
+    "x-kubernetes-validations": [
+        cel(
+            f"self.all(k, type(self[k]) != string || size(self[k]) <= {QUANTITY_MAX})",
+            f"quantities must be at most {QUANTITY_MAX} characters",
+        )
+    ]
+}
 
 
 class ResourceRequirements(_Model):
     """Container resources of the Triton container (core/v1 ResourceRequirements subset)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    requests: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_QUANTITIES)
+    limits: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_QUANTITIES)
+
+
+class TolerationOperator(StrEnum):
+    """core/v1 Toleration operator ("" means Equal)."""
+
+    EQUAL = "Equal"
+    EXISTS = "Exists"
+    DEFAULT = ""
+
+
+class TaintEffect(StrEnum):
+    """core/v1 taint effect ("" matches every effect)."""
+
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+    ANY = ""
+
+
+class Toleration(_Model):
+    """A core/v1 Toleration of the Triton pods (its rules across fields are checked by batchfill.api.validate)."""
+
+    key: str | None = Field(default=None, max_length=QUALIFIED_NAME_MAX)
+    operator: TolerationOperator | None = None
+    value: str | None = Field(default=None, max_length=LABEL_VALUE_MAX)
+    effect: TaintEffect | None = None
+    tolerationSeconds: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
 
 
 class TritonSpec(_Model):
@@ -397,10 +454,11 @@ class TritonSpec(_Model):
         default_factory=ResourceRequirements,
         description="Extra resources; nvidia.com/gpu, if given, must equal gpusPerReplica in requests and limits.",
     )
-    nodeSelector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(
-        default_factory=list,
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    nodeSelector: dict[QualifiedName, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] = Field(
+        default_factory=dict, max_length=64, description="Node labels the Triton pods must run on."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Tolerations of the Triton pods."
     )
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list, max_length=64, description="Extra tritonserver arguments."

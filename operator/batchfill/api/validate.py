@@ -7,14 +7,23 @@ fields and do not depend on the plan; the CRD's CEL rules enforce the same ones 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from batchfill.api.errors import Problem, SpecError, field_path
-from batchfill.api.spec import BatchedModel, BatchedModelSpec, DataType, SequenceStrategy
+from batchfill.api.spec import (
+    BatchedModel,
+    BatchedModelSpec,
+    DataType,
+    SequenceStrategy,
+    TaintEffect,
+    TolerationOperator,
+)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Backends/platforms that cannot run without a GPU.
@@ -141,6 +150,7 @@ def check_spec(spec: BatchedModelSpec) -> list[Problem]:
 
     p.extend(_check_tensors(spec, batching_off))
     p.extend(_check_resources(spec))
+    p.extend(_check_pod_fields(spec))
 
     if spec.scaling.minReplicas > spec.scaling.maxReplicas:
         p.append(
@@ -236,11 +246,9 @@ def _check_tensors(spec: BatchedModelSpec, batching_off: bool) -> list[Problem]:
 
 def _quantity_to_number(q: int | str) -> float | None:
     """Whole-number quantity of an extended resource ("2", 2); None when it is not a plain number."""
-    if isinstance(q, int):
-        return float(q)
     try:
         return float(q)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: an int beyond float range (10**400)
         return None
 
 
@@ -317,3 +325,112 @@ def parse_documents(text: str) -> list[Any]:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
         problem = getattr(err, "problem", None) or str(err)
         raise SpecError([Problem(where, f"YAML does not parse: {problem}")]) from None
+
+
+# -- fields copied into the Triton pod template --------------------------------------------------------------------
+# The API server validates the Deployment only when the operator applies it; a value it refuses there would leave the
+# BatchedModel with no condition. So the pod rules that the CRD schema cannot express are checked here, with the
+# BatchedModel's field named (k8s.io/apimachinery validation: IsQualifiedName, IsValidLabelValue, ParseQuantity;
+# k8s.io/kubernetes core validation: ValidateTolerations, ValidateResourceRequirements).
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(rf"^({_NAME})?$")
+_QUANTITY = re.compile(
+    r"^(?P<num>[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$"
+)
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9), ("T", 12))},
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+}
+_STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+
+
+def qualified_name_error(key: str) -> str | None:
+    """Why ``key`` is not a Kubernetes qualified name (label key, resource name); None when it is one."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return "the prefix before '/' must be a DNS subdomain (lower case, at most 253 characters)"
+    if not name or len(name) > 63 or not re.fullmatch(_NAME, name):
+        return "the name must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+    return None
+
+
+def label_value_error(value: str) -> str | None:
+    """Why ``value`` is not a Kubernetes label value; None when it is one."""
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        return "must be empty or 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+    return None
+
+
+def parse_quantity(q: int | str) -> Decimal | None:
+    """A resource quantity's value ("500m" -> 0.5, "1Gi" -> 1073741824, 2 -> 2); None when it does not parse."""
+    if isinstance(q, int):
+        return Decimal(q)
+    m = _QUANTITY.match(q)
+    if m is None:
+        return None
+    suffix = m["suffix"] or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(m["num"]) * Decimal(10) ** int(suffix[1:])
+        return Decimal(m["num"]) * _SUFFIXES.get(suffix, Decimal(1))
+    except (InvalidOperation, ValueError, OverflowError):
+        return None
+
+
+def _check_pod_fields(spec: BatchedModelSpec) -> list[Problem]:
+    p: list[Problem] = []
+    t = spec.triton
+    for key, value in t.nodeSelector.items():
+        where = f"spec.triton.nodeSelector[{key}]"
+        if why := qualified_name_error(key):
+            p.append(Problem(where, f"is not a valid label key: {why}"))
+        if why := label_value_error(value):
+            p.append(Problem(where, f"={_describe(value)} is not a valid label value: {why}"))
+    for i, tol in enumerate(t.tolerations):
+        base = f"spec.triton.tolerations[{i}]"
+        exists = tol.operator is TolerationOperator.EXISTS
+        if tol.key and (why := qualified_name_error(tol.key)):
+            p.append(Problem(f"{base}.key", f"={_describe(tol.key)} is not a valid label key: {why}"))
+        if not tol.key and not exists:
+            p.append(Problem(f"{base}.operator", "must be Exists when key is empty (match every taint)"))
+        if exists and tol.value:
+            p.append(Problem(f"{base}.value", "must be empty when operator is Exists"))
+        if not exists and tol.value and (why := label_value_error(tol.value)):
+            p.append(Problem(f"{base}.value", f"={_describe(tol.value)} is not a valid label value: {why}"))
+        if tol.tolerationSeconds is not None and tol.effect is not TaintEffect.NO_EXECUTE:
+            p.append(Problem(f"{base}.tolerationSeconds", "needs effect NoExecute"))
+    values: dict[str, dict[str, Decimal]] = {}
+    for group, quantities in (("requests", t.resources.requests), ("limits", t.resources.limits)):
+        for name, q in quantities.items():
+            where = f"spec.triton.resources.{group}[{name}]"
+            extended = "/" in name and "kubernetes.io/" not in name
+            if why := qualified_name_error(name):
+                p.append(Problem(where, f"is not a valid resource name: {why}"))
+                continue
+            if "/" not in name and name not in _STANDARD_RESOURCES and not name.startswith("hugepages-"):
+                why = "use cpu, memory, ephemeral-storage, hugepages-<size> or a name with a domain (example.com/dev)"
+                p.append(Problem(where, f"is not a container resource: {why}"))
+                continue
+            n = parse_quantity(q)
+            if n is None:
+                p.append(Problem(where, f"={_describe(q)} is not a quantity (e.g. 500m, 2, 1Gi)"))
+            elif n < 0:
+                p.append(Problem(where, f"={_describe(q)} must not be negative"))
+            elif extended and n != n.to_integral_value():
+                p.append(Problem(where, f"={_describe(q)} must be a whole number (an extended resource)"))
+            else:
+                values.setdefault(group, {})[name] = n
+    requests, limits = values.get("requests", {}), values.get("limits", {})
+    for name in sorted(set(requests) & set(limits)):
+        if name == GPU_RESOURCE:
+            continue  # _check_resources names the GPU rule
+        where = f"spec.triton.resources.requests[{name}]"
+        if "/" in name and "kubernetes.io/" not in name and requests[name] != limits[name]:
+            p.append(Problem(where, "must equal its limit (extended resources cannot be overcommitted)"))
+        elif requests[name] > limits[name]:
+            p.append(Problem(where, f"must be less than or equal to spec.triton.resources.limits[{name}]"))
+    return p

@@ -54,6 +54,9 @@ WARMUP_FRACTION = 0.05
 MIN_QUEUE_DELAY_US = 100
 #: Queue delays tried with user-given preferred sizes, as fractions of the largest that fits (T - l(B)).
 DELAY_FRACTIONS = (1.0, 0.5, 0.25, 0.05)
+#: Smallest execution latency planned from, ms: 1 ns, the resolution of Triton's statistics. Below it the
+#: full-batch throughput bound overflows to infinity (5e-324 ms) or the simulation loses all precision.
+MIN_LATENCY_MS = 1e-6
 #: Relative width at which the capacity bisection stops.
 CAPACITY_TOLERANCE = 0.01
 #: Step by which a capacity that fails the confirming run is lowered.
@@ -220,8 +223,8 @@ class _Evaluator:
 
     def mean_fill(self, cand: Candidate, rate_rps: float) -> float | None:
         """Mean batch size / max_batch_size at ``rate_rps`` on the confirming draws (None without batching)."""
-        if cand.max_batch_size < 1 or rate_rps <= 0:
-            return None
+        if cand.max_batch_size < 1 or not math.isfinite(1000.0 / rate_rps if rate_rps > 0 else math.inf):
+            return None  # no rate, or one so small (targetUtilization=5e-324) that the gaps overflow
         warm = int(len(self.confirm) * WARMUP_FRACTION)
         arrivals = (self.confirm * (1000.0 / rate_rps)).tolist()
         run = simulate_batcher(arrivals, cand.batcher, self.table(cand.batcher.batch_cap))
@@ -321,6 +324,14 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
                 )
             ]
         )
+    too_fast = [
+        Problem(f"spec.profile[{i}].latencyMs", f"={q.latencyMs:g} ms is below {MIN_LATENCY_MS:g} ms (1 ns), "
+                "the resolution of Triton's statistics")
+        for i, q in enumerate(spec.profile)
+        if q.latencyMs < MIN_LATENCY_MS
+    ]  # fmt: skip
+    if too_fast:
+        raise SpecError(too_fast)
     sla, b = spec.sla, spec.batching
     profile = LatencyProfile.from_points(spec.profile)
     budget = sla.latencyP99Ms - sla.networkOverheadMs

@@ -256,7 +256,7 @@ def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, rep
     if spec.triton.nodeSelector:
         pod_spec["nodeSelector"] = dict(sorted(spec.triton.nodeSelector.items()))
     if spec.triton.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in spec.triton.tolerations]
+        pod_spec["tolerations"] = [t.model_dump(mode="json", exclude_none=True) for t in spec.triton.tolerations]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
