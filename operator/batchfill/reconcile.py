@@ -198,6 +198,9 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     try:
         desired = desired_state(spec, adopted_profile(spec, status))
+        # a plannable spec may still not be deployable (no repository, an object-store uri): a condition, not a
+        # traceback and a retry every minute
+        build_deployment(owner, desired.spec, desired.config_hash, desired.spec.scaling.minReplicas)
     except SpecError as err:
         rejected = rejection_status(err, status, generation, now)
         previous = cond.find(status.get("conditions"), cond.PLANNED)

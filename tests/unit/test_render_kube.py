@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,15 +101,50 @@ def test_config_hash_in_pod_template_rolls_pods_only_on_config_change() -> None:
     assert a == b
 
 
-def test_init_container_places_the_derived_config_over_the_model_files() -> None:
+def _run_init_container(init: dict[str, Any], root: Path) -> subprocess.CompletedProcess[str]:
+    """Run the init container's command with a real ``sh``, its mount paths moved under ``root``."""
+    mounts = [m["mountPath"] for m in init["volumeMounts"]]
+    argv = [next((str(root) + a[len(m) :] for m in mounts if a.startswith(m + "/")), a) for a in init["command"]]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_init_container_places_the_derived_config_over_the_model_files(tmp_path: Path) -> None:
     dep = build_deployment(OWNER, spec_with(), "h", 1)
     init = dep["spec"]["template"]["spec"]["initContainers"][0]
-    script = init["command"][2]
-    assert '"/model-source/repo/resnet50/."' in script
-    assert script.endswith('"/etc/batchfill/config/config.pbtxt" "/models/resnet50/config.pbtxt"')
+    assert init["command"][:2] == ["sh", "-c"]
+    assert init["command"][4:] == [
+        "/model-source/repo/resnet50",
+        "/models/resnet50",
+        "/etc/batchfill/config/config.pbtxt",
+    ]
+    model = tmp_path / "repo" / "resnet50"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.onnx").write_text("weights")
+    (model / "config.pbtxt").write_text("shipped with the model")
+    (tmp_path / "config.pbtxt").write_text("derived by batchfill")
+    r = _run_init_container(init, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "resnet50" / "1" / "model.onnx").read_text() == "weights"
+    assert (tmp_path / "resnet50" / "config.pbtxt").read_text() == "derived by batchfill"
     vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert vols["model-source"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
     assert vols["config"]["configMap"]["name"] == "resnet50-triton-config"
+
+
+def test_a_repository_path_is_data_to_the_init_container_never_shell_code(tmp_path: Path) -> None:
+    doc = copy.deepcopy(SEED_DOC)
+    evil = 'x"; touch "$HOME/pwned"; echo "$(touch pwned2)'
+    doc["spec"]["model"]["repository"] = {"pvc": {"claimName": "models", "path": evil}}
+    try:
+        spec = load_model(doc).spec
+    except SpecError:
+        return  # rejected by validation: also safe
+    init = build_deployment(OWNER, spec, "h", 1)["spec"]["template"]["spec"]["initContainers"][0]
+    assert evil not in init["command"][2]  # not rejected by validation: the render must make it safe
+    r = _run_init_container(init, tmp_path)
+    assert r.returncode != 0  # no such directory: the copy fails, nothing else runs
+    assert not list(tmp_path.rglob("pwned*"))
+    assert not (Path.home() / "pwned").exists()
 
 
 def test_deploying_without_a_repository_is_a_field_error() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class Kube:
 
     api: client.ApiClient
     _kinds: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict, init=False, repr=False)
+    # the client's discovery cache is not thread-safe (kopf's workers and the two loops share it): concurrent
+    # refreshes failed with KeyError: 'resources' in the fuzz tests, so every discovery lookup holds this lock
+    _discovery: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None) -> Kube:
@@ -90,12 +94,14 @@ class Kube:
 
     @property
     def dynamic(self) -> DynamicClient:
-        if not hasattr(self, "_dynamic"):
-            self._dynamic = DynamicClient(self.api)
-        return self._dynamic
+        with self._discovery:
+            if not hasattr(self, "_dynamic"):
+                self._dynamic = DynamicClient(self.api)
+            return self._dynamic
 
     def _resource(self, api_version: str, kind: str) -> Any:
-        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        with self._discovery:
+            return self.dynamic.resources.get(api_version=api_version, kind=kind)
 
     def has_kind(self, api_version: str, kind: str) -> bool:
         """Whether the API serves ``kind`` (e.g. the prometheus-operator's ServiceMonitor).
@@ -119,8 +125,9 @@ class Kube:
 
     def forget_kinds(self) -> None:
         """Drop the cached API discovery, so a kind installed or removed since is seen as it is now."""
-        self._kinds.clear()
-        self.dynamic.resources.invalidate_cache()
+        with self._discovery:
+            self._kinds.clear()
+            self.dynamic.resources.invalidate_cache()
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply ``obj`` as the batchfill field manager (conflicts forced: we own these fields)."""
@@ -275,7 +282,8 @@ class PassSnapshot(Kube):
 
     def __init__(self, kube: Kube, selector: str) -> None:
         super().__init__(kube.api)
-        self._kinds = kube._kinds  # share the discovery answers and client, which are costly to rebuild
+        self._kinds = kube._kinds  # share the discovery answers, client and lock: costly to rebuild, not thread-safe
+        self._discovery = kube._discovery
         self._dynamic = kube.dynamic
         self.selector = selector
         self._pods: dict[str, list[dict[str, Any]]] = {}

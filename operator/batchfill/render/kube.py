@@ -181,11 +181,10 @@ def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, rep
     source, sub_path = _source_volume(spec)
     model = spec.model.name
     src = f"{SOURCE_DIR}/{sub_path}/{model}" if sub_path else f"{SOURCE_DIR}/{model}"
-    assemble = (
-        f'set -eu; mkdir -p "{MODEL_DIR}/{model}"; '
-        f'cp -RL "{src}/." "{MODEL_DIR}/{model}/"; '
-        f'cp "{CONFIG_DIR}/{CONFIG_KEY}" "{MODEL_DIR}/{model}/{CONFIG_KEY}"'
-    )
+    # The paths come from the spec, so they are the script's arguments ($1..$3), never part of its text: a path
+    # holding `"` or `$(` is then just an odd file name, not shell code.
+    assemble = 'set -eu; mkdir -p "$2"; cp -RL "$1/." "$2/"; cp "$3" "$2/"'
+    assemble_args = [src, f"{MODEL_DIR}/{model}", f"{CONFIG_DIR}/{CONFIG_KEY}"]
     restricted = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -234,7 +233,7 @@ def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, rep
             {
                 "name": "assemble-model-repository",
                 "image": spec.triton.image,
-                "command": ["sh", "-c", assemble],
+                "command": ["sh", "-c", assemble, "assemble-model-repository", *assemble_args],
                 "volumeMounts": [
                     {"name": "model-source", "mountPath": SOURCE_DIR, "readOnly": True},
                     {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
