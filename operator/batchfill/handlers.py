@@ -28,6 +28,7 @@ from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.metrics import PrometheusSignals
 from batchfill.adapters.pod_stats import PodBatchStats, PodStatsError, read_pod_batch_stats
 from batchfill.adapters.signal_hub import SignalHub
+from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.policy.profile_fit import BatchTotals
 from batchfill.reconcile import (
@@ -36,6 +37,7 @@ from batchfill.reconcile import (
     profile_tick,
     ready_pod_ips,
     reconcile,
+    rejection_status,
     scale_tick,
 )
 from batchfill.render.kube import CHILDREN_SELECTOR, Owner, selector_labels
@@ -113,6 +115,12 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int) -> No
         raise kopf.TemporaryError(str(err), delay=err.delay_s * min(2**retry, 12)) from None
     except KubePermanentError as err:
         kopf.event(body, type="Warning", reason="ApplyRejected", message=str(err)[:1024])
+        # a condition too, or `kubectl get bm` would show the previous generation's plan as if it were served
+        problem = Problem("spec", f"the API server rejected a child object built from it: {err}")
+        failed = rejection_status(SpecError([problem], reason="ApplyRejected"), body.get("status") or {},
+                                  body["metadata"].get("generation"), time.time())  # fmt: skip
+        for key, value in failed.items():
+            patch.status[key] = value
         raise kopf.PermanentError(str(err)) from None
     for key, value in changes.items():
         patch.status[key] = value

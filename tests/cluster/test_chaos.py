@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters import devcluster
@@ -27,7 +28,7 @@ from batchfill.demo import install_operator_rbac, operator_as_service_account
 
 from .conftest import USE_EXISTING
 from .support import Kube, model_volume, temp_namespace, until, wait_for
-from .test_operator import GROUP, PLURAL, VERSION, batched_model, children, custom, get_bm, is_true
+from .test_operator import GROUP, PLURAL, VERSION, batched_model, children, condition, custom, get_bm, is_true
 
 pytestmark = pytest.mark.cluster
 
@@ -222,3 +223,59 @@ def _gone(kube: Kube, ns: str, name: str) -> bool:
     except ApiException as e:
         return bool(e.status == 404)
     return False
+
+
+def test_a_child_the_api_server_refuses_gives_a_condition(kube: Kube, operator: Operator) -> None:
+    """An admission policy (as a platform team might have) refuses the Triton Deployment: the BatchedModel gets
+    Planned=False with reason ApplyRejected and the server's message, not just an event."""
+    with temp_namespace(kube, prefix="bf-chaos-") as ns:
+        model_volume(kube, ns)
+        name = f"deny-deployments-{ns}"
+        adm = client.AdmissionregistrationV1Api(kube.api)
+        adm.create_validating_admission_policy(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {
+                        "resourceRules": [
+                            {
+                                "apiGroups": ["apps"],
+                                "apiVersions": ["v1"],
+                                "operations": ["CREATE", "UPDATE"],
+                                "resources": ["deployments"],
+                            }
+                        ]
+                    },
+                    "validations": [{"expression": "false", "message": "no Deployments here (test policy)"}],
+                },
+            }
+        )
+        adm.create_validating_admission_policy_binding(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+                },
+            }
+        )
+        try:
+            time.sleep(2)  # the policy reaches the API server's cache
+            custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("refused"))
+            bm = until(
+                "a condition saying the Deployment was refused",
+                lambda: get_bm(kube, ns, "refused"),
+                lambda b: (condition(b, "Planned") or {}).get("reason") == "ApplyRejected",
+                CONVERGE_S,
+            )
+            planned = condition(bm, "Planned")
+            assert planned is not None
+            assert planned["status"] == "False"
+            assert "no Deployments here (test policy)" in planned["message"]
+            assert bm["status"]["observedGeneration"] == bm["metadata"]["generation"]
+        finally:
+            adm.delete_validating_admission_policy_binding(name)
+            adm.delete_validating_admission_policy(name)
+        assert operator.alive()
