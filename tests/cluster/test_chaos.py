@@ -279,3 +279,18 @@ def test_a_child_the_api_server_refuses_gives_a_condition(kube: Kube, operator: 
             adm.delete_validating_admission_policy_binding(name)
             adm.delete_validating_admission_policy(name)
         assert operator.alive()
+
+
+def test_operator_killed_mid_delete_leaves_nothing_behind(kube: Kube, operator: Operator) -> None:
+    with temp_namespace(kube, prefix="bf-chaos-") as ns:
+        model_volume(kube, ns)
+        custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("gone"))
+        until("converged", lambda: converged(kube, ns, "gone"), bool, CONVERGE_S)
+        custom(kube).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "gone")
+        operator.kill()  # mid-delete: the delete handler may or may not have run
+        wait_for("the BatchedModel gone with the operator down (no finalizer)", lambda: _gone(kube, ns, "gone"), 30)
+        wait_for("children collected with the operator down", lambda: children(kube, ns, "gone") == {} or None, 90)
+        operator.start()
+        time.sleep(5)  # a restarted operator must not re-create anything for the deleted model
+        assert children(kube, ns, "gone") == {}
+        assert operator.alive()

@@ -18,7 +18,9 @@ servers (a Service). Checked, in one BatchedModel's life:
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -432,5 +434,59 @@ def test_a_declared_profile_the_pods_contradict_is_replanned_once(lab: Lab) -> N
     assert reasons.count("ConfigChanged") == 1, f"the Deployment must roll exactly once: {reasons}"
     message = next(e.message for e in events if e.reason == "ProfileDisagrees")
     assert re.search(r"declared \d+(\.\d+)? ms, measured \d+(\.\d+)? ms", message), message
+    lab.load.set_rate(0)
+    lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
+
+
+def test_a_triton_that_dies_and_restarts_changes_no_replica(lab: Lab) -> None:
+    """The pod's tritonserver is SIGKILLed (gone while its pod stays Ready) and started again (its counters reset
+    to 0): no tick scales on the gap or on the reset, and the signals come back to the load."""
+    name = "restart"
+    lab.following = name
+    lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, sleep_model(name, "Auto"))
+    bm = until("Planned", lambda: lab.bm(name), lambda b: condition(b, "Planned").get("status") == "True", 60)
+    rate = 0.5 * bm["status"]["plan"]["capacityPerReplicaRps"] * 0.8  # half of what one replica should carry
+    until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
+    lab.load.set_rate(rate)
+    until(
+        "signals of the load",
+        lambda: lab.bm(name)["status"].get("observed") or {},
+        lambda o: o.get("requestRate", 0) > 0.5 * rate,
+        60,
+    )
+    replicas: list[int] = []
+    pod, server = next(iter(lab.tritons.servers.items()))
+    pid = server.pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    server.stop()  # reap; the LocalTriton object (its pod IP and ports) is started again below
+    deadline = time.monotonic() + 20  # two signal windows with the pod Ready and no server behind it
+    while time.monotonic() < deadline:
+        replicas.append(lab.replicas(name))
+        time.sleep(1)
+    gap = lab.bm(name)["status"]
+    server.start()
+    bm = until(
+        "MetricsAvailable and the load's rate again",
+        lambda: lab.bm(name),
+        lambda b: (
+            condition(b, "MetricsAvailable").get("status") == "True"
+            and (b["status"].get("observed") or {}).get("requestRate", 0) > 0.5 * rate
+        ),
+        90,
+    )
+    for _ in range(15):  # the window now spans the reset
+        replicas.append(lab.replicas(name))
+        time.sleep(1)
+    bm = lab.bm(name)
+    print(f"pod {pod}: during the gap {gap.get('lastScaleReason')}, after the restart {bm['status']['observed']}")
+    assert set(replicas) == {1}, f"a replica change on a dead or restarted server: {replicas}"
+    assert bm["status"]["observed"]["requestRate"] == pytest.approx(rate, rel=0.35), bm["status"]["observed"]
+    scale_events = [
+        e.reason
+        for e in lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
+        if e.reason.startswith("Scale")
+    ]
+    assert not scale_events, scale_events
     lab.load.set_rate(0)
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
