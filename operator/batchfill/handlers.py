@@ -166,6 +166,7 @@ class _PeriodicLoop:
                 self.tick(time.time())
             except Exception:  # a bug in one pass must not end the loop for good
                 log.exception("%s pass failed", self.name)
+            operator_metrics.observe_pass(self.name, time.monotonic() - started)
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
     def tick(self, now: float) -> None:

@@ -2,7 +2,8 @@
 
 Per BatchedModel (labels ``namespace``, ``name``): desired and actual replicas, observed batch fill, queue time
 and p99, p99 headroom against the server budget T, scaling decisions by reason, and GPU-hours (replicas x GPUs per
-replica integrated over time) so cost sits next to latency. Reconcile durations by handler. A private registry, so
+replica integrated over time) so cost sits next to latency. Reconcile durations by handler; the duration of each
+whole pass of the scaling and profiling loops (``loop`` label). A private registry, so
 importing this module twice (tests) registers nothing globally.
 """
 
@@ -43,6 +44,15 @@ GPU_HOURS = Counter("batchfill_gpu_hours", "Replicas x GPUs per replica, integra
 RECONCILE = Histogram(
     "batchfill_reconcile_duration_seconds", "Handler durations.", ("handler",), registry=REGISTRY,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)  # fmt: skip
+PASS_DURATION = Histogram(
+    "batchfill_loop_pass_duration_seconds",
+    "Duration of one whole pass of an operator loop over every BatchedModel (loop: scaling or profiling).",
+    ("loop",), registry=REGISTRY, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600),
+)  # fmt: skip
+LAST_PASS = Gauge(
+    "batchfill_loop_last_pass_duration_seconds", "Duration of the loop's last completed pass.", ("loop",),
+    registry=REGISTRY,
 )  # fmt: skip
 LEADER = Gauge(
     "batchfill_operator_leader", "1 while this operator replica holds the leader-election Lease (acts), else 0.",
@@ -106,6 +116,12 @@ def observe_tick(
     else:
         with contextlib.suppress(KeyError):
             HEADROOM.remove(*labels)
+
+
+def observe_pass(loop: str, seconds: float) -> None:
+    """Record the duration of one whole pass of ``loop`` (scaling or profiling), failed passes included."""
+    PASS_DURATION.labels(loop).observe(seconds)
+    LAST_PASS.labels(loop).set(seconds)
 
 
 def forget(namespace: str, name: str) -> None:
