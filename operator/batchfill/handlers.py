@@ -74,7 +74,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # shared by reference with every per-object memo (kopf copies the operator memo shallowly per object)
     memo.signal_hub = SignalHub(
         PrometheusSignals(ours.prometheus_url, window_s=ours.signal_window_s, timeout_s=ours.prometheus_timeout_s),
-        max_age_s=ours.reconcile_interval_s / 2,
+        max_age_s=ours.reconcile_interval_s,  # the scaling loop starts each pass with a fresh query set
     )
     operator_metrics.serve(ours.metrics_port)
     memo.scaling_loop = ScalingLoop(memo.kube, memo.signal_hub, ours)
@@ -178,6 +178,7 @@ class _PeriodicLoop:
             return
         # one LIST of Deployments and of pods per namespace serves every model's reads in this pass
         self.view = self.kube.snapshot(CHILDREN_SELECTOR)
+        self._begin_pass()
         seen = set()
         for body in models:
             meta = body["metadata"]
@@ -212,6 +213,9 @@ class _PeriodicLoop:
         if changed:
             self.kube.patch_status(fresh, changed)
 
+    def _begin_pass(self) -> None:
+        """Called once at the start of each pass, after the models were listed."""
+
     def _one(self, body: dict[str, Any], now: float) -> None:
         raise NotImplementedError
 
@@ -239,6 +243,9 @@ class ScalingLoop(_PeriodicLoop):
         self.last_tick: dict[str, float] = {}
         self.holding: dict[str, int] = {}  # uid -> pods holding GPUs at the last tick (charged for the interval)
         self.monitored: set[str] = set()  # uids whose ServiceMonitor child was seen
+
+    def _begin_pass(self) -> None:
+        self.hub.new_pass()
 
     def _forget(self, seen: set[str]) -> None:
         for uid in (set(self.history) | set(self.last_tick) | self.monitored) - seen:

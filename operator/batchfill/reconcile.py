@@ -118,7 +118,13 @@ def adopted_profile(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Measu
     return out
 
 
-@functools.lru_cache(maxsize=512)
+#: Plans kept (one per distinct spec and measured profile). Both loops ask for every model's plan each pass, and
+#: a plan costs ~0.35 s of simulation: the cache must hold the whole fleet, or a pass replans every model
+#: (benchmarks/scale.py: 600 distinct specs, 0 hits in 1,200 lookups with 512).
+PLAN_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
 def _plan_cached(spec_json: str, measured: Measured | None) -> tuple[BatchedModelSpec, PlanResult, str, str]:
     bm = load_model({"apiVersion": "batchfill.io/v1alpha1", "kind": "BatchedModel", "spec": json.loads(spec_json)})
     spec = bm.spec
@@ -676,7 +682,7 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
         interval_s=float(prof.replanIntervalSeconds),
         last_replan_s=_seconds(planned.get("since")),
         now_s=now,
-        min_sizes=2 if plan.maxBatchSize >= 2 else 1,
+        min_sizes=2 if (_batch_limit(spec, plan, adopted) or 1) >= 2 else 1,
     )
     if not fitted:
         return ProfileTick({}, reason=decision.reason)

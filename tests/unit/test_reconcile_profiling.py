@@ -236,3 +236,16 @@ def test_a_replan_may_choose_a_larger_batch_than_the_plan_it_replaces() -> None:
     assert points[-1]["executions"] == 0  # extended by the fitted line
     replanned = desired_state(spec, adopted_profile(spec, tick.status))
     assert replanned.plan_status.maxBatchSize > declared.plan_status.maxBatchSize
+
+
+def test_one_measured_size_never_replaces_a_declared_profile() -> None:
+    """Low traffic forms only batches of 1: the disagreement is reported, but adopting that one point would pin
+    the plan to batch size 1 for good (Triton then never forms a larger batch to measure)."""
+    slow = [{"batchSize": b, "latencyMs": 2 * (40 + 6 * b)} for b in (1, 2, 4, 8, 16)]
+    spec = copy.deepcopy(SPEC) | {"profile": slow}
+    del spec["batching"]
+    one = profile_tick(body(spec), totals(sizes=(1,)), pods=1, now=T0)
+    assert (one.replan, one.reason) == (False, "AwaitingMeasurement")
+    assert set(one.status) == {"measuredProfile"}  # shown next to the declared profile, not adopted
+    two = profile_tick(body(spec), totals(sizes=(1, 2)), pods=1, now=T0)
+    assert (two.replan, two.reason) == (True, "ProfileDisagrees")

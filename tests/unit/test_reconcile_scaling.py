@@ -97,7 +97,9 @@ def test_signal_hub_runs_one_query_set_per_tick_for_all_models() -> None:
     hub.signals(b)
     assert source.calls == [[("ns", "a")], [("ns", "a"), ("ns", "b")]]
     other = SignalTarget("ns2", "c", "m2", 8, frozenset({"q"}))
-    hub.signals(other)  # not covered by the last query set: asked at once
+    hub.signals(other)  # not covered by the last query set: asked at once, for itself alone
+    assert source.calls[-1] == [("ns2", "c")]
+    assert hub.signals(a).request_rate_rps == 10.0, "a's answer is kept next to c's"
     assert len(source.calls) == 3
     idle_target = SignalTarget("ns", "d", "m", 8, frozenset())
     assert hub.signals(idle_target).reason == "NoReadyPods"  # no pods: nothing to ask
@@ -137,3 +139,19 @@ def test_low_concurrency_becomes_a_batching_condition_and_stays_put() -> None:
     assert next(c for c in second["conditions"] if c["type"] == "BatchingEffective")["lastTransitionTime"] == (
         "1970-01-01T00:16:40Z"
     )
+
+
+def test_signal_hub_queries_once_per_pass_however_long_the_pass() -> None:
+    now = [0.0]
+    source = CountingSource()
+    hub = SignalHub(source, max_age_s=15.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    targets = [SignalTarget("ns", f"m{i}", f"model{i}", 8, frozenset({f"p{i}"})) for i in range(3)]
+    for t in targets:
+        hub.signals(t)
+    assert len(source.calls) == 3  # first pass: the models are new, one small query set each
+    for _ in range(2):
+        hub.new_pass()
+        for t in targets:
+            now[0] += 6.0  # a slow pass: 18 s for three models, longer than half the interval
+            hub.signals(t)
+    assert source.calls[3:] == [[("ns", "m0"), ("ns", "m1"), ("ns", "m2")]] * 2

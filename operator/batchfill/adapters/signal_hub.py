@@ -1,9 +1,10 @@
 """One set of Prometheus queries per tick for every BatchedModel (DESIGN §4: one query per signal for all models).
 
-The scaling loop (handlers.ScalingLoop) asks for each model in turn; the first request of a tick runs the six
-queries for every model the hub knows, the others within ``max_age_s`` reuse those answers and only aggregate
-their own Ready pods (pure). A model the last queries did not cover (new, or its namespace/model name changed)
-triggers a fresh query set.
+The scaling loop (handlers.ScalingLoop) marks each pass (:meth:`SignalHub.new_pass`) and then asks for each
+model in turn; the first request of a pass runs the six queries for every model the hub knows, the others reuse
+those answers (for at most ``max_age_s``) and only aggregate their own Ready pods (pure). A model the query set
+did not cover (new, or its namespace/model name changed) gets the six queries for itself alone, merged in: a
+fleet of 1,000 new models is 1,000 small query sets once, not 1,000 query sets over every model.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import fields
 
 from batchfill.adapters.metrics import PrometheusSignals, QueryFailure, QueryResults, SignalTarget, aggregate
 from batchfill.policy.signals import ModelSignals
@@ -50,16 +52,33 @@ class SignalHub:
             self._targets[target.key] = target
             now = self._clock()
             covered = (target.namespace, target.model) in self._covered
-            if self._results is None or now - self._at >= self.max_age_s or not covered:
+            if self._results is None or now - self._at >= self.max_age_s:
                 live = [t for t in self._targets.values() if t.ready_pods]
                 self._results = self.source.query_all(live)
                 self._covered = frozenset((t.namespace, t.model) for t in live)
                 self._at = now
                 self.query_sets += 1
+            elif not covered:
+                own = self.source.query_all([target])
+                self.query_sets += 1
+                if isinstance(own, QueryFailure) or isinstance(self._results, QueryFailure):
+                    return aggregate([target], own, self.window_s)[target.key]
+                self._results = _merged(self._results, own)
+                self._covered = self._covered | {(target.namespace, target.model)}
             results = self._results
         return aggregate([target], results, self.window_s)[target.key]
+
+    def new_pass(self) -> None:
+        """The next request runs a fresh query set: one per pass, however long the pass takes."""
+        with self._lock:
+            self._at = -float("inf")
 
     def forget(self, namespace: str, name: str) -> None:
         """Stop querying for a deleted BatchedModel."""
         with self._lock:
             self._targets.pop((namespace, name), None)
+
+
+def _merged(a: QueryResults, b: QueryResults) -> QueryResults:
+    """The series of both (disjoint models: the second adds a model the first did not cover)."""
+    return QueryResults(**{f.name: {**getattr(a, f.name), **getattr(b, f.name)} for f in fields(QueryResults)})

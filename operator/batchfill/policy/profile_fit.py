@@ -142,8 +142,10 @@ def decide_replan(
         interval_s: least time between two replans, seconds.
         last_replan_s: when the last replan happened (None: never), seconds.
         now_s: now, seconds, same epoch.
-        min_sizes: measured batch sizes a first adoption (no declared or adopted profile) needs: with one size
-            the plan could never batch, since a profile is not extrapolated from a single point.
+        min_sizes: measured batch sizes any adoption needs. One size is compared with the declared or adopted
+            profile (and the disagreement reported), but never adopted: a profile is not extrapolated from a
+            single point, so the plan would be pinned to that batch size, and Triton would never form a larger
+            one to measure (a review pinned a declared B=8 model at B=1, 4x the GPUs, this way).
     """
     real = [p for p in measured if not p.extrapolated]
     if not real:
@@ -173,6 +175,13 @@ def decide_replan(
         f"({worst.relative:+.1%}, tolerance ±{tolerance:.0%})"
     )
     if abs(worst.relative) > tolerance:
+        if len(real) < min_sizes:
+            sizes = ", ".join(str(p.batch_size) for p in real)
+            return ReplanDecision(
+                False,
+                "AwaitingMeasurement",
+                f"{numbers}; measured batch size(s) {sizes} only: {min_sizes} sizes are needed to re-plan",
+            )
         return ReplanDecision(True, "ProfileDisagrees", numbers)
     return ReplanDecision(False, "ProfileAgrees", numbers)
 
