@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 
 from batchfill.adapters import operator_metrics
-from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
+from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError, RateLimiter
 from batchfill.adapters.metrics import PrometheusSignals
 from batchfill.adapters.pod_stats import PodBatchStats, PodStatsError, read_pod_batch_stats
 from batchfill.adapters.signal_hub import SignalHub
@@ -70,7 +70,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         # RBAC of the chart does not allow (kopf would retry them with errors before falling back)
         settings.scanning.disabled = True
     settings.networking.request_timeout = ours.request_timeout_s
-    memo.kube = Kube.from_config()
+    memo.kube = Kube.from_config(limiter=RateLimiter(ours.api_qps, ours.api_burst))
     # shared by reference with every per-object memo (kopf copies the operator memo shallowly per object)
     memo.signal_hub = SignalHub(
         PrometheusSignals(ours.prometheus_url, window_s=ours.signal_window_s, timeout_s=ours.prometheus_timeout_s),

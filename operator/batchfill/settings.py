@@ -11,6 +11,8 @@
 | BATCHFILL_PROMETHEUS_TIMEOUT_SECONDS | 5 | per-query timeout; a timeout holds replicas (signals unknown) |
 | BATCHFILL_MAX_WORKERS | 8 | threads for synchronous handlers |
 | BATCHFILL_REQUEST_TIMEOUT_SECONDS | 30 | Kubernetes API request timeout |
+| BATCHFILL_API_QPS | 20 | the operator's own API requests per second on average (kopf's own requests aside) |
+| BATCHFILL_API_BURST | 30 | requests the client-side limit lets through at once |
 | BATCHFILL_PROFILE_INTERVAL_SECONDS | 60 | how often Triton's statistics of the Ready pods are read (profiling) |
 | BATCHFILL_TRITON_HTTP_PORT | 8000 | Triton's HTTP port in the pods (statistics extension) |
 | BATCHFILL_LEADER_ELECTION | false (chart: true) | act only while holding a coordination.k8s.io/v1 Lease |
@@ -49,6 +51,8 @@ ENV_NAMES = {
     "prometheus_timeout_s": "PROMETHEUS_TIMEOUT_SECONDS",
     "max_workers": "MAX_WORKERS",
     "request_timeout_s": "REQUEST_TIMEOUT_SECONDS",
+    "api_qps": "API_QPS",
+    "api_burst": "API_BURST",
     "profile_interval_s": "PROFILE_INTERVAL_SECONDS",
     "triton_http_port": "TRITON_HTTP_PORT",
     "leader_election": "LEADER_ELECTION",
@@ -85,6 +89,8 @@ class OperatorSettings(BaseModel):
     prometheus_timeout_s: float = Field(default=5.0, gt=0, le=300)
     max_workers: int = Field(default=8, ge=1, le=256)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    api_qps: float = Field(default=20.0, gt=0, le=10_000)  # controller-runtime's defaults: 20 QPS, burst 30
+    api_burst: int = Field(default=30, ge=1, le=100_000)
     profile_interval_s: float = Field(default=60.0, gt=0, le=86_400)
     triton_http_port: int = Field(default=8000, ge=1, le=65535)
     leader_election: bool = False

@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,52 @@ def _classify(err: Exception, what: str) -> Exception:
     return KubePermanentError(f"{what}: HTTP {status}: {body}")
 
 
+class RateLimiter:
+    """Token bucket, as client-go's flowcontrol: ``qps`` requests per second on average, ``burst`` at once.
+
+    Thread-safe; :meth:`acquire` blocks until a token is free. ``clock``/``sleep`` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not (qps > 0 and burst >= 1):
+            raise ValueError(f"qps={qps} must be > 0 and burst={burst} >= 1")
+        self.qps, self.burst, self._clock, self._sleep = qps, burst, clock, sleep
+        self._tokens, self._at = float(burst), clock()
+        self._lock = threading.Lock()
+        self.waited_s = 0.0  # total time callers were held back (for the operator's metrics and tests)
+
+    def acquire(self) -> float:
+        """Take a token; returns the seconds waited for it."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps)
+            self._at = now
+            self._tokens -= 1.0
+            wait = -self._tokens / self.qps if self._tokens < 0 else 0.0
+            self.waited_s += wait
+        if wait > 0:
+            self._sleep(wait)
+        return wait
+
+
+def limit_requests(api: client.ApiClient, limiter: RateLimiter) -> client.ApiClient:
+    """Make every request of ``api`` (typed and dynamic clients alike go through ``call_api``) take a token."""
+    call = api.call_api
+
+    def limited(*args: Any, **kwargs: Any) -> Any:
+        limiter.acquire()
+        return call(*args, **kwargs)
+
+    api.call_api = limited  # type: ignore[method-assign]
+    return api
+
+
 @dataclass
 class Kube:
     """The operator's view of the API: dynamic client for children, typed clients where simpler."""
@@ -102,9 +148,11 @@ class Kube:
     _discovery: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
 
     @classmethod
-    def from_config(cls, kubeconfig: str | None = None) -> Kube:
+    def from_config(cls, kubeconfig: str | None = None, limiter: RateLimiter | None = None) -> Kube:
+        """A client from the in-cluster or kubeconfig credentials; with ``limiter``, every request takes a token."""
         load_config(kubeconfig)
-        return cls(client.ApiClient())
+        api = client.ApiClient()
+        return cls(limit_requests(api, limiter) if limiter is not None else api)
 
     @property
     def dynamic(self) -> DynamicClient:
