@@ -45,14 +45,12 @@ import math
 import os
 import platform
 import random
-import signal
 import statistics
 import subprocess
 import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +65,15 @@ from batchfill import reconcile
 from batchfill.adapters import devcluster
 from batchfill.adapters.prometheus_local import LocalPrometheus
 from batchfill.adapters.triton_local import free_port
-from batchfill.demo import GROUP, PLURAL, VERSION, install_operator_rbac, model_volume, operator_as_service_account
+from batchfill.demo import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    install_operator_rbac,
+    model_volume,
+    operator_as_service_account,
+    sigterm_as_interrupt,
+)
 from batchfill.render.kube import CHILDREN_SELECTOR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -814,18 +820,6 @@ def write_doc(path: Path, section: str) -> None:
 
 
 # -- main -----------------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def raise_interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def main() -> None:

@@ -53,6 +53,16 @@ def plan_document(doc: Any, rps: float | None, seed: int) -> dict[str, Any]:
     from batchfill.render import render_model_config
 
     bm = load_model(doc)
+    if not bm.spec.profile:
+        raise SpecError(
+            [
+                Problem(
+                    "spec.profile",
+                    "is required to plan: give each batch size's execution latency (measure it with "
+                    "`batchfill profile`)",
+                )
+            ]
+        )
     result = plan_batching(bm.spec, seed=seed)
     status = result.to_status()
     out: dict[str, Any] = {
@@ -240,6 +250,7 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     Bad flags, a bad -f file, and batch sizes the server's model cannot take exit 2 before anything is printed
     or measured; a server, model or input problem exits 1; both as one line on stderr.
     """
+    from batchfill.adapters.profiler import check_url, one_line
     from batchfill.profiling import (
         ProfileError,
         ProfileOptions,
@@ -259,6 +270,7 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
         return EXIT_USAGE
     base = None
     try:
+        url = check_url(args.url)  # before anything else: no client is ever made for a bad URL
         shapes = tuple(parse_shape(s) for s in args.shape or [])
         if args.file:
             docs = parse_documents(_read(args.file))
@@ -267,7 +279,7 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
             load_model(docs[0])  # the document must be valid before minutes of measuring
             base = docs[0]
         opts = ProfileOptions(
-            url=args.url,
+            url=url,
             model=args.model,
             version=args.model_version,
             batch_sizes=sizes,
@@ -295,10 +307,10 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     try:
         run_profile(opts, out, err, output=args.output)
     except ProfileUsageError as e:  # a flag or the file against the model on the server, before measuring
-        _err(err, str(e))
+        _err(err, one_line(str(e), limit=2000))
         return EXIT_USAGE
-    except ProfileError as e:
-        _err(err, f"batchfill profile: {e}")
+    except ProfileError as e:  # the server's words are cut to one line where they are quoted; this is the rest
+        _err(err, f"batchfill profile: {one_line(str(e), limit=2000)}")
         return EXIT_FAILED
     except SpecError as e:
         for p in e.problems:
@@ -315,11 +327,41 @@ def cmd_crd(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """Measure, plan and serve on a local tritonserver.
+
+    SIGTERM stops tritonserver and removes the work directory as Ctrl-C does, and exits 143 (Ctrl-C: 130).
+    """
     from batchfill.serve import serve
 
+    # the flags before anything starts (a bad --load used to fail after tritonserver was up)
+    if not (0 < args.load <= 2):  # NaN too
+        _err(err, f"--load={args.load} must be in (0, 2]: the offered load as a fraction of the planned capacity")
+        return EXIT_USAGE
+    if not (0 < args.duration <= 3600):
+        _err(err, f"--duration={args.duration} must be in (0, 3600] seconds of Poisson load")
+        return EXIT_USAGE
+    if args.seed < 0:
+        _err(err, f"--seed={args.seed} must be >= 0")
+        return EXIT_USAGE
     bm = _one_model(args.file, "serve", err)
     if isinstance(bm, int):
         return bm
+
+    terminated = False
+
+    def interrupt(signum: int, frame: Any) -> None:
+        nonlocal terminated
+        terminated = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+        raise KeyboardInterrupt
+
+    import gevent  # tritonclient.http's event loop
+
+    # An interrupt that lands in gevent's hub reaches serve() all the same; the hub need not print it first.
+    hub = gevent.get_hub()
+    not_error = hub.NOT_ERROR
+    hub.NOT_ERROR = (*not_error, KeyboardInterrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         report = serve(
             bm, out, load_fraction=args.load, duration_s=args.duration, measure=not args.no_measure, seed=args.seed
@@ -328,6 +370,13 @@ def cmd_serve(args: argparse.Namespace, out: Console, err: Console) -> int:
         for p in e.problems:
             _err(err, f"{args.file}: {p}")
         return EXIT_USAGE
+    except KeyboardInterrupt:  # serve() has stopped tritonserver and removed its work directory
+        if terminated:
+            return 128 + signal.SIGTERM  # 143, as if SIGTERM had killed the process (Ctrl-C: 130, in main)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        hub.NOT_ERROR = not_error
     return EXIT_OK if report.sla_kept else EXIT_FAILED
 
 
@@ -493,8 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure, plan and serve a shipped example model on a real local tritonserver under Poisson load",
     )
     s.add_argument("file", help="BatchedModel YAML with the batchfill.io/example-model annotation")
-    s.add_argument("--load", type=float, default=0.9, help="offered load as a fraction of capacity (default 0.9)")
-    s.add_argument("--duration", type=float, default=20.0, help="seconds of Poisson load (default 20)")
+    s.add_argument(
+        "--load", type=float, default=0.9, help="offered load as a fraction of capacity, in (0, 2] (default 0.9)"
+    )
+    s.add_argument("--duration", type=float, default=20.0, help="seconds of Poisson load, at most 3600 (default 20)")
     s.add_argument("--no-measure", action="store_true", help="plan from the declared profile, do not measure")
     s.add_argument("--seed", type=int, default=0, help="seed of the planner and of the load (default 0)")
     s.set_defaults(func=cmd_serve)

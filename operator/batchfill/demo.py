@@ -226,7 +226,9 @@ def _condition(bm: dict[str, Any], type_: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread while inside (so Ctrl-C's cleanup runs for both)."""
+
     def raise_interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
@@ -247,7 +249,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
     """
     if not EXAMPLE.is_file():
         raise DemoError(f"{EXAMPLE} is missing: run the demo from a clone of the batchfill repository")
-    with contextlib.ExitStack() as stack, _sigterm_as_interrupt():
+    with contextlib.ExitStack() as stack, sigterm_as_interrupt():
         base = options.run_dir or devcluster.default_run_dir().parent / "demo"
         base.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="run-", dir=base))

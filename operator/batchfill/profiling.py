@@ -26,6 +26,7 @@ from batchfill.adapters.profiler import (
     ProfileError,
     ProfileUsageError,
     SizeMeasurement,
+    check_url,
     connect,
     default_batch_sizes,
     input_maker,
@@ -73,6 +74,7 @@ def check_options(opts: ProfileOptions) -> None:
     Raises:
         ProfileUsageError: naming the option and its value (the command line exits 2).
     """
+    check_url(opts.url)
     if not 0 < opts.quantile < 1:
         raise ProfileUsageError(f"--quantile={opts.quantile} must be between 0 and 1, both excluded (e.g. 0.9 for p90)")
     if opts.repeats < 1:
@@ -80,6 +82,9 @@ def check_options(opts: ProfileOptions) -> None:
     if opts.warmup < 0:
         raise ProfileUsageError(f"--warmup={opts.warmup} must be >= 0 (unmeasured requests per batch size)")
     flags = {"--latency-p99-ms": opts.latency_p99_ms, "--network-overhead-ms": opts.network_overhead_ms}
+    if opts.latency_p99_ms is not None and not 0 < opts.latency_p99_ms < math.inf:  # NaN too
+        finite = "" if opts.latency_p99_ms <= 0 or math.isnan(opts.latency_p99_ms) else "a finite number "
+        raise ProfileUsageError(f"--latency-p99-ms={opts.latency_p99_ms} must be {finite}> 0 ms")
     for flag, value in flags.items():
         if value is not None and not (value >= 0 and math.isfinite(value)):
             raise ProfileUsageError(f"{flag}={value} must be a finite number >= 0 (ms)")
@@ -90,14 +95,15 @@ def check_options(opts: ProfileOptions) -> None:
             "change it there"
         )
     if opts.base_document is not None:
+        name = ((opts.base_document.get("spec") or {}).get("model") or {}).get("name")
+        if name != opts.model:
+            raise ProfileUsageError(f"-f {opts.base_path or '(file)'}: spec.model.name={name} but --model {opts.model}")
         return
     if opts.network_overhead_ms is not None and opts.latency_p99_ms is None:
         raise ProfileUsageError(
             f"--network-overhead-ms={opts.network_overhead_ms} needs --latency-p99-ms (the SLA it is part of)"
         )
     if opts.latency_p99_ms is not None:
-        if opts.latency_p99_ms == 0:
-            raise ProfileUsageError(f"--latency-p99-ms={opts.latency_p99_ms} must be > 0 ms")
         if (opts.network_overhead_ms or 0.0) >= opts.latency_p99_ms:
             raise ProfileUsageError(
                 f"--network-overhead-ms={opts.network_overhead_ms} must be less than "
@@ -195,10 +201,40 @@ def document_for(info: ModelInfo, points: list[dict[str, Any]], opts: ProfileOpt
     if opts.latency_p99_ms is not None:
         spec["sla"] = {"latencyP99Ms": opts.latency_p99_ms, "networkOverheadMs": opts.network_overhead_ms or 0.0}
     spec["profile"] = points
-    if info.max_batch_size > 0:
-        spec["batching"] = {"maxBatchSize": info.max_batch_size}
+    # 0 too: without it the plan would batch the model (max_batch_size >= 1 adds a batch dimension to every input)
+    spec["batching"] = {"maxBatchSize": max(0, info.max_batch_size)}
     name = _DNS1123.sub("-", info.name.lower()).strip("-")[:63] or "model"
     return {"apiVersion": "batchfill.io/v1alpha1", "kind": "BatchedModel", "metadata": {"name": name}, "spec": spec}
+
+
+def check_file_matches(info: ModelInfo, opts: ProfileOptions) -> None:
+    """The -f file's ``spec.model.inputs`` must be the server's: same names, data types, and dims (without the
+    batch dimension; -1 on either side takes any size).
+
+    Raises:
+        ProfileUsageError: naming the file, the tensor and both descriptions.
+    """
+    if opts.base_document is None:
+        return
+    where = f"model {info.name!r} on {opts.url}"
+    path = opts.base_path or "(file)"
+    tensors = load_model(opts.base_document).spec.model.inputs
+    mine, theirs = [t.name for t in tensors], [t.name for t in info.inputs]
+    if sorted(mine) != sorted(theirs):
+        raise ProfileUsageError(f"-f {path}: spec.model.inputs are named {mine} but {where} has inputs {theirs}")
+    server = {t.name: t for t in info.inputs}
+    for i, t in enumerate(tensors):
+        dims = list(t.dims[1:] if t.includesBatchDim and info.max_batch_size > 0 else t.dims)
+        other = server[t.name]
+        label = f"-f {path}: spec.model.inputs[{i}] ({t.name!r})"
+        if t.dataType.value != other.config_type:
+            raise ProfileUsageError(f"{label} is {t.dataType.value} but {where} declares {other.config_type}")
+        if len(dims) != len(other.dims) or any(
+            a != b and a >= 0 and b >= 0 for a, b in zip(dims, other.dims, strict=True)
+        ):
+            raise ProfileUsageError(
+                f"{label} has dims {dims} but {where} declares {list(other.dims)} (without the batch dimension)"
+            )
 
 
 def run_profile(opts: ProfileOptions, out: Console, err: Console, *, output: str = "table") -> dict[str, Any]:
@@ -209,7 +245,7 @@ def run_profile(opts: ProfileOptions, out: Console, err: Console, *, output: str
 
     Raises:
         ProfileUsageError: a flag or the -f file does not fit (see :func:`check_options`,
-            :func:`batch_sizes_for`); the command line exits 2.
+            :func:`check_file_matches`, :func:`batch_sizes_for`); the command line exits 2.
         ProfileError: server, model or input problems (one line, with the URL and model).
         SpecError: the document with the measured profile does not validate or plan (field-named).
     """
@@ -218,6 +254,8 @@ def run_profile(opts: ProfileOptions, out: Console, err: Console, *, output: str
     client = connect(opts.url)
     try:
         info = read_model_info(client, opts.url, opts.model, opts.version)
+        if opts.base_document is not None:
+            check_file_matches(info, opts)
         make = input_maker(info, opts.url, dict(opts.shapes), seed=opts.seed)
         sizes, note = batch_sizes_for(info, opts)
         if has_sla:
@@ -322,6 +360,7 @@ __all__ = [
     "ProfileOptions",
     "ProfileUsageError",
     "batch_sizes_for",
+    "check_file_matches",
     "check_options",
     "dump_document",
     "parse_shape",

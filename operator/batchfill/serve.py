@@ -101,8 +101,9 @@ def _sample_shape(spec: BatchedModelSpec) -> tuple[str, list[int], Any]:
     return t.name, list(dims), _NUMPY[t.dataType]
 
 
-def _provisional_plan(spec: BatchedModelSpec, sizes: list[int]) -> PlanStatus:
-    """A config that accepts every profiled batch size, for measuring (no SLA claim)."""
+def provisional_plan(spec: BatchedModelSpec, sizes: list[int]) -> PlanStatus:
+    """A plan whose config accepts every batch size in ``sizes``, for measuring (no SLA claim; the README's
+    recipe for a Triton to `batchfill profile` uses it too)."""
     return PlanStatus(
         maxBatchSize=max(sizes),
         preferredBatchSizes=[],
@@ -127,7 +128,11 @@ def serve(
     seed: int = 0,
     workdir: Path | None = None,
 ) -> ServeReport:
-    """Run the whole job (module docstring). Raises SpecError for a spec it cannot serve."""
+    """Run the whole job (module docstring). Raises SpecError for a spec it cannot serve.
+
+    tritonserver (its own process group) and the work directory are removed however it ends, Ctrl-C included;
+    the command line turns SIGTERM into the same KeyboardInterrupt.
+    """
     spec = bm.spec
     example = example_of(bm)
     name = spec.model.name
@@ -150,10 +155,10 @@ def serve(
     with tempfile.TemporaryDirectory(prefix="batchfill-serve-", dir=workdir) as tmp:
         repo = Path(tmp) / "models"
         repo.mkdir()
-        with console.status("starting tritonserver on 127.0.0.1 ..."):
-            triton = LocalTriton(repo, model_control_mode="explicit", log_path=Path(tmp) / "tritonserver.log")
-            triton.start()
-        try:
+        triton = LocalTriton(repo, model_control_mode="explicit", log_path=Path(tmp) / "tritonserver.log")
+        try:  # start() inside: an interrupt while it waits for readiness must stop the server it spawned too
+            with console.status("starting tritonserver on 127.0.0.1 ..."):
+                triton.start()
             client = triton.http_client()
             console.print(
                 f"tritonserver ready (pid {triton.pid}, http {triton.http_url}, metrics {triton.metrics_url})"
@@ -164,7 +169,7 @@ def serve(
                 # a sliding window, so the served model's p99 must not contain the measuring requests.
                 probe = f"{name}_profile"
                 probe_spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": probe})})
-                provisional = render_model_config(probe_spec, _provisional_plan(spec, sizes), instance_kind="KIND_CPU")
+                provisional = render_model_config(probe_spec, provisional_plan(spec, sizes), instance_kind="KIND_CPU")
                 _load(triton, client, probe, provisional, example)
                 with console.status(f"measuring execution latency for batch sizes {sizes} ..."):
                     m = measure_profile(client, probe, http_inputs, sizes, warmup=3, repeats=repeats)

@@ -1,5 +1,6 @@
 """`batchfill profile` against the real tritonserver: the sleep model's profile, pasted unchanged into
-`batchfill plan`, and the errors a user meets (server down, model not ready, inputs it cannot synthesize).
+`batchfill plan`, and the errors a user meets (server down, model not ready or failed to load, inputs it cannot
+synthesize), each one line.
 
 The sleep model executes a batch of b samples in ``alpha + beta·b`` ms plus the Python backend's input/output
 handling (test_sleep_model_profile measures that overhead at well under 3 ms on this machine), so every
@@ -120,6 +121,28 @@ def test_unknown_model_is_not_ready_exit_1(url: str, capsys: pytest.CaptureFixtu
     assert main(["profile", "--url", url, "--model", "nope"]) == 1
     err = capsys.readouterr().err.strip()
     assert f"model 'nope' is not ready on {url}" in err
+
+
+def test_a_model_that_failed_to_load_is_one_line_with_the_servers_reason(
+    triton: LocalTriton, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Triton's reason for an UNAVAILABLE model holds the backend's traceback: it is collapsed to one line."""
+    name = "profiled_broken"
+    version = triton.model_repository / name / "1"
+    version.mkdir(parents=True)
+    (triton.model_repository / name / "config.pbtxt").write_text(sleep_config_pb(name, 4))
+    (version / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError('no\\n  weights')\n"
+    )
+    client = triton.http_client()
+    with pytest.raises(Exception, match="UNAVAILABLE"):
+        client.load_model(name)
+    client.close()
+    assert main(["profile", "--url", f"http://{url}", "--model", name]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"batchfill profile: model {name!r} is not ready on {url} (state UNAVAILABLE: "), err
+    assert "RuntimeError: no weights" in err[0], err
 
 
 def test_variable_dims_need_a_shape(triton: LocalTriton, url: str, capsys: pytest.CaptureFixture[str]) -> None:

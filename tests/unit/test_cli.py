@@ -93,6 +93,20 @@ def test_infeasible_sla_exits_2_with_the_numbers(tmp_path: Path, capsys: pytest.
     assert "latency at batch 1 is 120 ms, budget is 90 ms" in capsys.readouterr().err
 
 
+def test_a_spec_without_a_profile_points_to_batchfill_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load(SEED.read_text())
+    del doc["spec"]["profile"]
+    f = tmp_path / "unprofiled.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(f)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"{f}: spec.profile: is required to plan: give each batch size's execution latency (measure it with "
+        "`batchfill profile`)"
+    ]
+
+
 def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crd"]) == 0
     assert capsys.readouterr().out.strip() == (ROOT / "crds" / "batchedmodel.yaml").read_text().strip()

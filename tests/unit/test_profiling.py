@@ -16,7 +16,11 @@ from batchfill.adapters.profiler import (
     ProfileError,
     SizeMeasurement,
     TensorInfo,
+    _client_class,
+    check_url,
     default_batch_sizes,
+    one_line,
+    read_model_info,
 )
 from batchfill.api.validate import load_model
 from batchfill.cli import main
@@ -98,8 +102,14 @@ def test_document_from_a_file_keeps_everything_but_the_profile() -> None:
         (["--batch-sizes", "1,x"], "--batch-sizes '1,x' must be comma-separated integers"),
         (["--batch-sizes", "0,2"], "--batch-sizes '0,2': every batch size must be >= 1"),
         (["--shape", "x"], "--shape 'x' must be NAME=d1,d2"),
-        (["--latency-p99-ms", "-5"], "--latency-p99-ms=-5.0 must be a finite number >= 0"),
+        (["--latency-p99-ms", "-5"], "--latency-p99-ms=-5.0 must be > 0 ms"),
+        (["--latency-p99-ms", "inf"], "--latency-p99-ms=inf must be a finite number > 0 ms"),
+        (["--latency-p99-ms", "80", "--network-overhead-ms", "-1"], "--network-overhead-ms=-1.0 must be a finite"),
         (["-f", "/nonexistent/bm.yaml"], "/nonexistent/bm.yaml: cannot read"),
+        (
+            ["-f", str(ROOT / "examples" / "seed-example.yaml")],
+            f"-f {ROOT / 'examples' / 'seed-example.yaml'}: spec.model.name=resnet50 but --model m",
+        ),
         (["--quantile", "1"], "--quantile=1.0 must be between 0 and 1, both excluded"),
         (["--quantile", "0"], "--quantile=0.0 must be between 0 and 1, both excluded"),
         (["--quantile", "nan"], "--quantile=nan must be between 0 and 1"),
@@ -360,3 +370,179 @@ def test_dump_document_comments_only_a_batched_model_without_repository() -> Non
     assert dump_document(with_repo) == yaml.safe_dump(with_repo, sort_keys=False)
     block = {"profile": [{"batchSize": 1, "latencyMs": 1.0}]}
     assert dump_document(block) == yaml.safe_dump(block, sort_keys=False)
+
+
+# --- the fixes of the review: the URL, the -f file against the server, --shape, one-line server messages
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("localhost:abc", "--url 'localhost:abc' must be HOST:PORT of Triton's HTTP endpoint, the port in 1-65535"),
+        ("localhost", "--url 'localhost' must be HOST:PORT"),
+        ("h:0", "--url 'h:0' must be HOST:PORT"),
+        ("h:65536", "--url 'h:65536' must be HOST:PORT"),
+        ("h:8000/v2", "--url 'h:8000/v2' must be HOST:PORT"),
+        ("https://h:8000", "--url 'https://h:8000' must be HOST:PORT of Triton's HTTP endpoint (e.g. localhost:8000): "
+         "drop https://"),
+        ("grpc://h:8001", "--url 'grpc://h:8001' must be HOST:PORT"),
+    ],
+)  # fmt: skip
+def test_a_bad_url_exits_2_in_one_line_without_making_a_client(
+    server: FakeServer, capsys: pytest.CaptureFixture[str], url: str, message: str
+) -> None:
+    assert main(["profile", "--url", url, "--model", "sleepy"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(message), err
+    assert server.connected == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("127.0.0.1:8000", "127.0.0.1:8000"),
+        ("http://127.0.0.1:52885/", "127.0.0.1:52885"),
+        ("[::1]:8000", "[::1]:8000"),
+    ],
+)
+def test_check_url_takes_host_port_and_drops_http(url: str, expected: str) -> None:
+    assert check_url(url) == expected
+
+
+def test_an_http_url_is_profiled_as_host_port(server: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["profile", "--url", "http://h:1", "--model", "sleepy", "--repeats", "1", "--warmup", "0", "-o", "yaml"]
+    assert main(argv) == 0
+    assert server.measured == [[1, 2, 4, 8]]
+
+
+def test_a_client_whose_constructor_failed_is_collected_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tritonclient's ``__del__`` reads an attribute its ``__init__`` sets last ("Exception ignored in ...")."""
+    import gc
+    import sys
+
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(Exception, match="scheme"):
+        _client_class()("http://127.0.0.1:1")
+    gc.collect()
+    assert unraisable == []
+
+
+def test_a_file_for_another_model_exits_2_before_connecting(
+    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = sleepy_file(tmp_path)
+    assert main(["profile", "--url", "h:1", "--model", "text_recognizer", "-f", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"-f {path}: spec.model.name=sleepy but --model text_recognizer"]
+    assert server.connected == 0
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (
+            [{"name": "x", "dataType": "TYPE_FP32", "dims": [4]}],
+            "spec.model.inputs are named ['x'] but model 'sleepy' on h:1 has inputs ['INPUT0']",
+        ),
+        (
+            [{"name": "INPUT0", "dataType": "TYPE_FP32", "dims": [3, 224, 224]}],
+            "spec.model.inputs[0] ('INPUT0') has dims [3, 224, 224] but model 'sleepy' on h:1 declares [4] "
+            "(without the batch dimension)",
+        ),
+        (
+            [{"name": "INPUT0", "dataType": "TYPE_INT64", "dims": [4]}],
+            "spec.model.inputs[0] ('INPUT0') is TYPE_INT64 but model 'sleepy' on h:1 declares TYPE_FP32",
+        ),
+    ],
+)
+def test_a_file_whose_inputs_are_not_the_servers_exits_2_before_measuring(
+    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], inputs: list[Any], message: str
+) -> None:
+    path = sleepy_file(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["model"]["inputs"] = inputs
+    path.write_text(yaml.safe_dump(doc))
+    assert main(profile("-f", str(path))) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"-f {path}: {message}"]
+    assert captured.out == ""
+    assert server.measured == []
+
+
+def test_a_files_inputs_match_with_the_batch_dimension_or_variable_dims(
+    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.info = ModelInfo(**{**SLEEPY.__dict__, "inputs": (TensorInfo("INPUT0", "FP32", (-1, 4)),)})
+    path = sleepy_file(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["model"]["inputs"] = [
+        {"name": "INPUT0", "dataType": "TYPE_FP32", "dims": [-1, 16, 4], "includesBatchDim": True}
+    ]
+    path.write_text(yaml.safe_dump(doc))
+    assert main(profile("-f", str(path), "--shape", "INPUT0=16,4", "-o", "yaml")) == 0, capsys.readouterr().err
+    assert server.measured == [[1, 2, 4, 8]]
+
+
+@pytest.mark.parametrize(
+    ("dims", "shape", "ok"),
+    [((4,), "4", True), ((4,), "5", False), ((4,), "1,2,3", False), ((-1, 4), "7,4", True), ((-1, 4), "7,5", False)],
+)
+def test_shape_must_fit_the_declared_dims(
+    server: FakeServer, capsys: pytest.CaptureFixture[str], dims: tuple[int, ...], shape: str, ok: bool
+) -> None:
+    server.info = ModelInfo(**{**SLEEPY.__dict__, "inputs": (TensorInfo("INPUT0", "FP32", dims),)})
+    code = main(profile("--shape", f"INPUT0={shape}", "-o", "yaml"))
+    err = capsys.readouterr().err.splitlines()
+    if ok:
+        assert code == 0, err
+        return
+    assert code == 2
+    assert err == [
+        f"--shape INPUT0={shape} does not fit input 'INPUT0' of 'sleepy' on h:1, dims {list(dims)} (without the "
+        "batch dimension): fixed dims must be given as they are, -1 takes any positive size"
+    ]
+    assert server.measured == []
+
+
+def test_one_line_collapses_whitespace_and_cuts_long_text() -> None:
+    assert one_line("a\n  b\tc\n\n") == "a b c"
+    cut = one_line("x" * 500, limit=300)
+    assert len(cut) == 300
+    assert cut.endswith("…")
+
+
+def test_an_unavailable_models_reason_is_one_line() -> None:
+    """Triton's reason for a model that failed to load holds the backend's traceback, newlines and all."""
+    reason = "Internal: RuntimeError: first line\n  second line\n\nAt:\n  /models/m/1/model.py(3): initialize\n"
+
+    class Unavailable:
+        def is_model_ready(self, model: str, version: str) -> bool:
+            return False
+
+        def get_model_repository_index(self) -> list[dict[str, str]]:
+            return [{"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": reason + "x" * 400}]
+
+    with pytest.raises(ProfileError) as info:
+        read_model_info(Unavailable(), "h:1", "m")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "model 'm' is not ready on h:1 (state UNAVAILABLE: Internal: RuntimeError: first line second line At: "
+        "/models/m/1/model.py(3): initialize xxx"
+    )
+    assert message.endswith("…)")
+
+
+def test_a_model_without_batching_plans_without_a_batch_dimension() -> None:
+    """max_batch_size 0 on the server: the document says so, and the plan renders no batching at all."""
+    from batchfill.cli import plan_document
+
+    info = ModelInfo(**{**SLEEPY.__dict__, "max_batch_size": 0})
+    doc = document_for(info, [{"batchSize": 1, "latencyMs": 2.0}], ProfileOptions(url="h:1", model="sleepy",
+                       latency_p99_ms=50.0))  # fmt: skip
+    assert doc["spec"]["batching"] == {"maxBatchSize": 0}
+    planned = plan_document(doc, None, 0)
+    assert planned["plan"]["maxBatchSize"] == 0
+    assert "max_batch_size: 0\n" in planned["config"]
+    assert "dynamic_batching" not in planned["config"]

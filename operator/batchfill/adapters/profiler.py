@@ -17,7 +17,10 @@ Sources: Triton statistics extension (docs/protocol/extension_statistics.md: ``b
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +47,9 @@ _NUMPY = {
 }
 #: Seconds to wait for the statistics of an execution to appear (Triton records them after the response).
 STATS_SETTLE_S = 2.0
+#: Characters of a server's message (a model's load failure, an inference error) kept in a one-line error.
+SERVER_TEXT_LIMIT = 300
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]+)$")
 
 
 class ProfileError(RuntimeError):
@@ -95,23 +101,70 @@ class SizeMeasurement:
         return float(np.quantile(np.asarray(self.executions_ms), q, method="higher"))
 
 
-def connect(url: str, timeout_s: float = 10.0) -> Any:
-    """An HTTP client for ``url`` (``host:port``) whose server answers as live.
+def one_line(text: str, limit: int = SERVER_TEXT_LIMIT) -> str:
+    """``text`` on one line: every run of whitespace (newlines too) one space, cut to ``limit`` characters with …."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def check_url(url: str) -> str:
+    """``url`` as ``host:port`` (the form tritonclient.http takes); a leading ``http://`` is dropped.
 
     Raises:
-        ProfileError: when nothing answers at ``url`` or the server is not live.
+        ProfileUsageError: anything but ``HOST:PORT`` with a port in 1-65535, naming ``--url``.
+    """
+    text = url.strip()
+    if text.lower().startswith("http://"):
+        text = text[len("http://") :].rstrip("/")
+    elif "://" in text:
+        raise ProfileUsageError(
+            f"--url {url!r} must be HOST:PORT of Triton's HTTP endpoint (e.g. localhost:8000): drop "
+            f"{text.split('://', 1)[0]}:// (only plain HTTP is supported)"
+        )
+    m = _HOST_PORT.match(text)
+    if m is None or not 1 <= int(m["port"]) <= 65535:
+        raise ProfileUsageError(
+            f"--url {url!r} must be HOST:PORT of Triton's HTTP endpoint, the port in 1-65535 (e.g. localhost:8000)"
+        )
+    return text
+
+
+@functools.cache
+def _client_class() -> Any:
+    """tritonclient's HTTP client whose ``__del__`` stays quiet on an instance its constructor did not finish.
+
+    (tritonclient 2.x: ``__del__`` calls ``close()``, which reads ``_closed``, set last in ``__init__``: a
+    constructor that raised printed "Exception ignored in ... __del__" on stderr.)
     """
     import tritonclient.http as httpclient
 
+    class QuietClient(httpclient.InferenceServerClient):  # type: ignore[misc]
+        def __del__(self) -> None:
+            if getattr(self, "_closed", True) is False:
+                with contextlib.suppress(Exception):  # at interpreter exit: nothing left to report to
+                    self.close()
+
+    return QuietClient
+
+
+def connect(url: str, timeout_s: float = 10.0) -> Any:
+    """An HTTP client for ``url`` (``host:port``, see :func:`check_url`) whose server answers as live.
+
+    Raises:
+        ProfileUsageError: ``url`` is not ``HOST:PORT``.
+        ProfileError: when nothing answers at ``url`` or the server is not live.
+    """
+    url = check_url(url)
     try:
-        client = httpclient.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
-    except Exception as e:  # a bad URL raises anything from the HTTP stack
-        raise ProfileError(f"cannot use Triton URL {url!r}: {e}") from None
+        client = _client_class()(url, connection_timeout=timeout_s, network_timeout=timeout_s)
+    except Exception as e:  # the HTTP stack may still refuse a host:port
+        raise ProfileError(f"cannot use Triton URL {url!r}: {one_line(str(e))}") from None
     try:
         live = client.is_server_live()
     except Exception as e:  # connection refused, DNS, timeout: all mean "not reachable"
         client.close()
-        raise ProfileError(f"cannot reach Triton at {url}: {type(e).__name__}: {e}".rstrip(": ")) from None
+        reason = f"{type(e).__name__}: {one_line(str(e))}".rstrip(": ")
+        raise ProfileError(f"cannot reach Triton at {url}: {reason}") from None
     if not live:
         client.close()
         raise ProfileError(f"Triton at {url} answers but is not live")
@@ -132,7 +185,8 @@ def read_model_info(client: Any, url: str, model: str, version: str = "") -> Mod
         try:
             for entry in client.get_model_repository_index():
                 if entry.get("name") == model and (not version or entry.get("version") == version):
-                    state = f" (state {entry.get('state', '?')}{': ' + entry['reason'] if entry.get('reason') else ''})"
+                    reason = one_line(entry.get("reason") or "")
+                    state = f" (state {entry.get('state', '?')}{': ' + reason if reason else ''})"
                     break
             else:
                 state = " (not in the model repository)"
@@ -143,7 +197,7 @@ def read_model_info(client: Any, url: str, model: str, version: str = "") -> Mod
         meta = client.get_model_metadata(model, version)
         config = client.get_model_config(model, version)
     except InferenceServerException as e:
-        raise ProfileError(f"{url}: cannot read model {model!r}: {e.message()}") from None
+        raise ProfileError(f"{url}: cannot read model {model!r}: {one_line(e.message() or str(e))}") from None
     mbs = int(config.get("max_batch_size", 0))
 
     def tensors(items: Iterable[dict[str, Any]]) -> tuple[TensorInfo, ...]:
@@ -174,7 +228,8 @@ def input_maker(
         shapes: dims (without the batch dimension) for inputs whose declared dims are variable (-1).
 
     Raises:
-        ProfileUsageError: ``shapes`` names a tensor that is not an input of the model.
+        ProfileUsageError: ``shapes`` names a tensor that is not an input of the model, or gives dims that do
+            not fit its declared ones (rank, and every fixed dim).
         ProfileError: for an input whose data type or variable dims cannot be synthesized, naming it and the
             ``--shape`` to give.
     """
@@ -187,6 +242,16 @@ def input_maker(
             f"--shape names {sorted(unknown)}, which are not inputs of {info.name!r} on {url} "
             f"(its inputs: {[t.name for t in info.inputs]})"
         )
+    for t in info.inputs:
+        given = shapes.get(t.name)
+        if given is not None and (
+            len(given) != len(t.dims) or any(d >= 0 and g != d for g, d in zip(given, t.dims, strict=True))
+        ):
+            raise ProfileUsageError(
+                f"--shape {t.name}={','.join(str(g) for g in given)} does not fit input {t.name!r} of {info.name!r} on "
+                f"{url}, dims {list(t.dims)} (without the batch dimension): fixed dims must be given as they are, "
+                "-1 takes any positive size"
+            )
     plan: list[tuple[TensorInfo, tuple[int, ...], Any]] = []
     for t in info.inputs:
         dims = tuple(int(d) for d in shapes.get(t.name, t.dims))
@@ -293,7 +358,9 @@ def measure(
                 if progress is not None:
                     progress(done, total)
         except InferenceServerException as e:
-            raise ProfileError(f"{info.name!r}: inference of batch size {b} failed: {e.message()}") from None
+            raise ProfileError(
+                f"{info.name!r}: inference of batch size {b} failed: {one_line(e.message() or str(e))}"
+            ) from None
         out.append(SizeMeasurement(b, tuple(samples)))
     return out
 

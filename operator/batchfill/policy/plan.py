@@ -320,7 +320,7 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
                 Problem(
                     "spec.profile",
                     "is required to plan: give each batch size's execution latency "
-                    "(`batchfill serve` measures it on a real Triton)",
+                    "(measure it with `batchfill profile` against a Triton serving the model)",
                 )
             ]
         )
