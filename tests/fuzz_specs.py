@@ -236,3 +236,17 @@ def sample_specs(
 
     collect()
     return list(out.values())
+
+
+def numbers(value: Any) -> Iterator[float]:
+    """Every number inside a JSON-like value (booleans are not numbers here)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        yield float(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from numbers(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from numbers(v)

@@ -41,6 +41,7 @@ from batchfill.policy.scaling import (
     decide,
     expand_history,
     history_horizon_s,
+    history_to_store,
 )
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render import config_hash, render_model_config
@@ -541,10 +542,11 @@ def scale_tick(
     if decision.apply or restored is not None:
         wanted["lastScaleTime"] = cond.rfc3339(now)
     wanted["observed"] = observed_status(signals)
-    wanted["scalingHistory"] = [
-        {"time": cond.rfc3339(v.time), "replicas": v.replicas, "ready": v.ready}
-        for v in compact_history(decision.history, now, horizon)
-    ]
+    store = history_to_store(_votes(status.get("scalingHistory")), compact_history(decision.history, now, horizon))
+    if store is not None:
+        wanted["scalingHistory"] = [
+            {"time": cond.rfc3339(v.time), "replicas": v.replicas, "ready": v.ready} for v in store
+        ]
     return ScaleTick(
         changed_fields(status, wanted),
         decision=decision,

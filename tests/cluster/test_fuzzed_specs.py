@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from batchfill.demo import install_operator_rbac, operator_as_service_account
 
-from ..fuzz_specs import MIB, SEED_SPEC, sample_specs
+from ..fuzz_specs import MIB, SEED_SPEC, numbers, sample_specs
 from .support import Kube, model_volume, rbac_denials, temp_namespace, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -182,19 +182,6 @@ def names_a_spec_field(o: Outcome) -> bool:
     if o.rejected_status == 400:
         return "spec." in o.rejected_message
     return False
-
-
-def numbers(value: Any) -> Iterator[float]:
-    if isinstance(value, bool):
-        return
-    if isinstance(value, int | float):
-        yield float(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from numbers(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from numbers(v)
 
 
 def handled(bm: dict[str, Any]) -> bool:

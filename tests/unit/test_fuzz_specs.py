@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from batchfill.api.errors import SpecError
 from batchfill.api.status import BatchedModelStatus
 from batchfill.reconcile import desired_state, desired_status, rejection_status
 
-from ..fuzz_specs import MIB, RICH_SPEC, SEED_SPEC, fuzzed_specs, sample_specs
+from ..fuzz_specs import MIB, RICH_SPEC, SEED_SPEC, fuzzed_specs, numbers, sample_specs
 
 # NaN that appears inside the planner's arithmetic is a bug even when it does not reach the status
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -30,20 +29,6 @@ NOW = 1_700_000_000.0
 #: Examples per run: the derandomized run takes about a minute on the 2-core CI machine (most specs are
 #: rejected in microseconds; a plannable one runs the planner's simulation, ~0.1-0.4 s, cached by spec).
 EXAMPLES = 3000
-
-
-def numbers(value: Any) -> Iterator[float]:
-    """Every number inside a JSON-like value."""
-    if isinstance(value, bool):
-        return
-    if isinstance(value, int | float):
-        yield float(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from numbers(v)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            yield from numbers(v)
 
 
 def check_plan_or_field_named_rejection(spec: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from batchfill.policy.scaling import (
     decide,
     expand_history,
     history_horizon_s,
+    history_to_store,
 )
 from batchfill.policy.signals import ModelSignals, SignalState
 
@@ -470,7 +471,8 @@ def test_a_restart_that_restores_the_compact_history_decides_as_if_nothing_happe
                 history = expand_history(stored, t, horizon, step)
             d = tick(t, rate, current, history)
             out.append((d.desired_replicas, d.reason))
-            history, stored = d.history, compact_history(d.history, t, horizon)
+            history = d.history
+            stored = history_to_store(stored, compact_history(d.history, t, horizon)) or stored
             current = d.desired_replicas
         return out
 
@@ -493,3 +495,13 @@ def test_the_compact_history_changes_only_when_the_vote_or_ready_count_does() ->
 def test_expand_history_rejects_a_non_positive_step() -> None:
     with pytest.raises(ValueError, match="step_s=0"):
         expand_history((Recommendation(NOW, 1, 1),), NOW + 30, 300.0, 0.0)
+
+
+def test_votes_that_only_aged_out_are_not_written() -> None:
+    stored = (Recommendation(NOW, 1, 0), Recommendation(NOW + 15, 1, 1))
+    aged = (Recommendation(NOW + 15, 1, 1),)  # the first vote left the window; nothing new happened
+    assert history_to_store(stored, aged) is None
+    changed = (Recommendation(NOW + 15, 1, 1), Recommendation(NOW + 400, 2, 1))
+    assert history_to_store(stored, changed) == changed
+    assert history_to_store((), aged) == aged
+    assert history_to_store(stored, ()) is None

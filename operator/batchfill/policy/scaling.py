@@ -100,6 +100,19 @@ def compact_history(history: tuple[Recommendation, ...], now: float, horizon_s: 
     return tuple(out)
 
 
+def history_to_store(
+    stored: tuple[Recommendation, ...], current: tuple[Recommendation, ...]
+) -> tuple[Recommendation, ...] | None:
+    """What ``status.scalingHistory`` should become: ``current`` (compact) when it ends in a vote or Ready count
+    the stored one does not end with, else None (keep the stored one). Entries that only aged out are not worth
+    a status write (a steady model must write nothing, CASES C16); :func:`expand_history` skips them anyway."""
+    if not current:
+        return None
+    if stored and (stored[-1].replicas, stored[-1].ready) == (current[-1].replicas, current[-1].ready):
+        return None
+    return current
+
+
 def expand_history(
     compact: tuple[Recommendation, ...], now: float, horizon_s: float, step_s: float
 ) -> tuple[Recommendation, ...]:
