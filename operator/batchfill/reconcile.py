@@ -511,8 +511,9 @@ def scale_tick(
         pending_reason=pods.pending_reason,
     )
     horizon = history_horizon_s(spec.scaling.scaleDownStabilizationSeconds, signals.window_s)
+    stored_votes = _votes(status.get("scalingHistory"))
     if not history:  # a restarted or newly elected operator continues the window status kept
-        history = expand_history(_votes(status.get("scalingHistory")), now, horizon, interval_s)
+        history = expand_history(stored_votes, now, horizon, interval_s)
     decision = decide(ScalingInput(now, signals, PlanNumbers.from_status(plan), spec.scaling, replicas, history))
     target_replicas = decision.desired_replicas if decision.apply else current
     events: list[tuple[str, str, str]] = []
@@ -542,7 +543,7 @@ def scale_tick(
     if decision.apply or restored is not None:
         wanted["lastScaleTime"] = cond.rfc3339(now)
     wanted["observed"] = observed_status(signals)
-    store = history_to_store(_votes(status.get("scalingHistory")), compact_history(decision.history, now, horizon))
+    store = history_to_store(stored_votes, compact_history(decision.history, now, horizon))
     if store is not None:
         wanted["scalingHistory"] = [
             {"time": cond.rfc3339(v.time), "replicas": v.replicas, "ready": v.ready} for v in store
@@ -674,7 +675,8 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
     if desired.profile_source == MEASURED:
         adopted = [FittedPoint(int(p["batchSize"]), float(p["latencyMs"]), int(p.get("executions", 0)))
                    for p in planned.get("points") or []]  # fmt: skip
-    fitted = fit_profile(totals, min_executions=prof.minExecutions, up_to=_batch_limit(spec, plan, adopted))
+    limit = _batch_limit(spec, plan, adopted)
+    fitted = fit_profile(totals, min_executions=prof.minExecutions, up_to=limit)
     declared = None if spec.profile_source == ProfileSource.MEASURED or not spec.profile else spec.profile
     decision = decide_replan(
         declared=LatencyProfile.from_points(declared) if declared else None,
@@ -684,7 +686,7 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
         interval_s=float(prof.replanIntervalSeconds),
         last_replan_s=_seconds(planned.get("since")),
         now_s=now,
-        min_sizes=2 if (_batch_limit(spec, plan, adopted) or 1) >= 2 else 1,
+        min_sizes=2 if (limit or 1) >= 2 else 1,
     )
     if not fitted:
         return ProfileTick({}, reason=decision.reason)

@@ -223,23 +223,20 @@ class Kube:
     def list_pods(self, namespace: str, selector: Mapping[str, str] | str) -> list[dict[str, Any]]:
         """Pods matching the label selector (``{key: value}`` equalities, or a selector string)."""
         label_selector = selector if isinstance(selector, str) else _selector(selector)
-        try:
-            resp = client.CoreV1Api(self.api).list_namespaced_pod(
-                namespace, label_selector=label_selector, _preload_content=False
-            )
-        except (ApiException, HTTPError) as e:
-            raise _classify(e, f"list pods {namespace}") from None
-        return _items(resp, f"list pods {namespace}")
+        return self._list(client.CoreV1Api(self.api).list_namespaced_pod, namespace, label_selector, "pods")
 
     def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Deployments matching the label selector string."""
+        return self._list(client.AppsV1Api(self.api).list_namespaced_deployment, namespace, selector, "Deployments")
+
+    @staticmethod
+    def _list(call: Callable[..., Any], namespace: str, selector: str, kind: str) -> list[dict[str, Any]]:
+        what = f"list {kind} {namespace}"
         try:
-            resp = client.AppsV1Api(self.api).list_namespaced_deployment(
-                namespace, label_selector=selector, _preload_content=False
-            )
+            resp = call(namespace, label_selector=selector, _preload_content=False)
         except (ApiException, HTTPError) as e:
-            raise _classify(e, f"list Deployments {namespace}") from None
-        return _items(resp, f"list Deployments {namespace}")
+            raise _classify(e, what) from None
+        return _items(resp, what)
 
     def snapshot(self, selector: str) -> PassSnapshot:
         """A read view for one loop pass: see :class:`PassSnapshot`."""
