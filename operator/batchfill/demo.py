@@ -225,12 +225,18 @@ def _condition(bm: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in (bm.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as an interrupt so that Ctrl-C's cleanup runs for both."""
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt in the main thread while inside (so Ctrl-C's cleanup runs for both)."""
+    """SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) in the main thread while inside; a second SIGTERM
+    is ignored so it cannot cut that cleanup short."""
 
     def raise_interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
 
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
@@ -499,12 +505,13 @@ def _report(console: Console, kubeconfig: Path, ns: str, name: str, config: str,
 
 
 def demo_main(options: DemoOptions, console: Console) -> int:
-    """CLI entry: 0 when the SLA was kept, 1 when it was missed or a step failed, 130 on Ctrl-C."""
+    """CLI entry: 0 when the SLA was kept, 1 when it was missed or a step failed, 130 on Ctrl-C, 143 on SIGTERM
+    (128 + the signal, as if it had killed the process; `batchfill serve` does the same)."""
     try:
         result = run_demo(options, console)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         console.print("interrupted: everything the demo started has been stopped")
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     except (DemoError, devcluster.DevClusterError) as e:
         console.print(f"[red]demo failed:[/] {e}", highlight=False)
         return 1

@@ -144,6 +144,8 @@ class _PeriodicLoop:
     """
 
     name = "loop"
+    #: What a pass reads of every model's children (listed at the start of the pass).
+    kinds: tuple[str, ...] = ("pods", "deployments")
 
     def __init__(self, kube: Kube, settings: OperatorSettings, interval_s: float) -> None:
         self.kube, self.settings, self.interval_s = kube, settings, interval_s
@@ -176,21 +178,30 @@ class _PeriodicLoop:
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("%s pass postponed: %s", self.name, err)
             return
-        # one LIST of Deployments and of pods per namespace serves every model's reads in this pass
-        self.view = self.kube.snapshot(CHILDREN_SELECTOR)
+        # one paginated LIST per kind (per namespace in a namespaced install) serves every model's reads in the pass
+        view = self.kube.snapshot(CHILDREN_SELECTOR, self.settings.exact_namespaces)
+        try:
+            view.prefetch(self.kinds)
+        except (KubeTemporaryError, KubePermanentError) as err:
+            log.warning("%s pass postponed: %s", self.name, err)
+            return
+        self.view = view
         self._begin_pass()
         seen = set()
-        for body in models:
-            meta = body["metadata"]
-            if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
-                continue
-            seen.add(meta["uid"])
-            try:
-                self._one(body, now)
-            except (KubeTemporaryError, KubePermanentError):
-                raise
-            except Exception:  # one model's bad data (a hand-edited status) must not stop the pass for the others
-                log.exception("%s of %s/%s failed", self.name, meta["namespace"], meta["name"])
+        try:
+            for body in models:
+                meta = body["metadata"]
+                if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
+                    continue
+                seen.add(meta["uid"])
+                try:
+                    self._one(body, now)
+                except (KubeTemporaryError, KubePermanentError):
+                    raise
+                except Exception:  # one model's bad data (a hand-edited status) must not stop the pass for the others
+                    log.exception("%s of %s/%s failed", self.name, meta["namespace"], meta["name"])
+        finally:
+            self.view = self.kube  # the snapshot's lists are garbage between passes, not memory held for 15 s
         self._forget(seen)
 
     def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -327,6 +338,7 @@ class ProfilingLoop(_PeriodicLoop):
     """
 
     name = "profiling"
+    kinds = ("pods",)
 
     def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
         super().__init__(kube, settings, settings.profile_interval_s)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchfill.adapters.kube import Kube, KubeNotFoundError
+from batchfill.adapters.kube import FIELD_MANAGER, Kube, KubeNotFoundError
 from batchfill.adapters.metrics import NO_READY_PODS, NO_SERIES, SignalTarget
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import BatchedModelSpec, ProfilePoint, ProfileSource, ScalingMode
@@ -440,6 +440,21 @@ def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, statu
     return ""
 
 
+def replicas_managers(deployment: Mapping[str, Any]) -> list[str]:
+    """The field managers that own the Deployment's ``spec.replicas`` (its managedFields; empty when none does).
+
+    Who set the count tells a hand edit (``kubectl``, ``kubectl-edit``, another controller) from batchfill's own
+    scale that status recorded but the Deployment never got (the operator killed between the status write and the
+    scale call, or the scale refused): then batchfill still owns the field, at its older value.
+    """
+    owners = []
+    for entry in (deployment.get("metadata") or {}).get("managedFields") or []:
+        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if isinstance(fields, Mapping) and "f:replicas" in fields:
+            owners.append(str(entry.get("manager") or "?"))
+    return owners
+
+
 def scale_tick(
     body: Mapping[str, Any],
     kube: Kube,
@@ -518,9 +533,16 @@ def scale_tick(
     target_replicas = decision.desired_replicas if decision.apply else current
     events: list[tuple[str, str, str]] = []
     if restored is not None:
-        events.append(("Normal", "ManualScaleReverted", f"Deployment replicas {restored} were set outside "
-                       f"batchfill; scaling.mode Auto owns them: set {target_replicas} (use scaling.mode Off to "
-                       "scale by hand)"))  # fmt: skip
+        others = sorted(set(replicas_managers(deployment)) - {FIELD_MANAGER})
+        if others or not replicas_managers(deployment):
+            by = f" by {', '.join(others)}" if others else ""
+            events.append(("Normal", "ManualScaleReverted", f"Deployment replicas {restored} were set outside "
+                           f"batchfill{by}; scaling.mode Auto owns them: set {target_replicas} (use scaling.mode "
+                           "Off to scale by hand)"))  # fmt: skip
+        else:  # batchfill's own last count: its scale to `applied` was recorded in status but never reached it
+            events.append(("Normal", "ScaleResumed", f"{restored} -> {target_replicas}: status recorded a scale to "
+                           f"{applied} that had not reached the Deployment (the operator stopped, or the API "
+                           "refused it, between the two writes)"))  # fmt: skip
     if decision.apply:
         events.append(("Normal", decision.reason, f"{current} -> {decision.desired_replicas}: {decision.message}"))
     elif decision.reason != status.get("lastScaleReason") and decision.reason != "HoldMetricsUnknown":

@@ -1,11 +1,13 @@
-"""Helpers of the cluster tests: the ``Kube`` handle the ``kube`` fixture yields, waiting, GPU accounting."""
+"""Helpers of the cluster tests: the ``Kube`` handle the ``kube`` fixture yields, waiting, GPU accounting, and the
+operator as a subprocess that can be killed and started again."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,6 +68,63 @@ class Kube:
         if self._api is not None:
             self._api.close()
             self._api = None
+
+
+class Operator:
+    """``batchfill run`` with the install's ServiceAccount (its RBAC, not the admin's) as a subprocess that a test can
+    kill (SIGKILL) and start again, as a Deployment's kubelet would restart it.
+
+    Each run logs to ``<work>/<log_name>-<run>.log``; :meth:`logs` is all runs' logs. ``env`` and ``args`` are passed
+    to every run (:func:`batchfill.demo.operator_as_service_account`).
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        work: Path,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        log_name: str = "operator",
+    ) -> None:
+        self.kube, self.work, self.env, self.args, self.log_name = kube, work, env, args, log_name
+        self.runs = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stack = ExitStack()
+
+    def log_path(self, run: int) -> Path:
+        return self.work / f"{self.log_name}-{run}.log"
+
+    def start(self) -> None:
+        from batchfill.demo import operator_as_service_account
+
+        self.runs += 1
+        self._stack = ExitStack()
+        self.proc = self._stack.enter_context(
+            operator_as_service_account(
+                self.kube.kubeconfig, self.work, self.log_path(self.runs), self.env, args=self.args
+            )
+        )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL: no cleanup handler runs
+        self.proc.wait(timeout=30)
+        self._stack.close()
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after 30 s) if running; nothing if killed already."""
+        self._stack.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self, run: int | None = None) -> str:
+        """The log of one run (default: the current one)."""
+        path = self.log_path(self.runs if run is None else run)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        return "\n".join(self.log(i) for i in range(1, self.runs + 1))
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout_s: float = 60.0, interval_s: float = 0.5) -> T:

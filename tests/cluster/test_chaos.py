@@ -5,18 +5,16 @@ Planned for its current generation with exactly one Deployment, ConfigMap and Se
 Terminating, and the pods rolled exactly as often as the config changed.
 
 The operator runs as a subprocess with the install's ServiceAccount (as in test_operator.py), restarted by the
-tests as a Deployment's kubelet would. Triton pods are kwok pods (no Triton process, so no scaling signals:
-scaling under faults is covered by test_scaling.py's Prometheus outage and the status precondition).
+tests as a Deployment's kubelet would (``support.Operator``). Triton pods are kwok pods (no Triton process, so no
+scaling signals: scaling under faults is covered by test_scaling.py's Prometheus outage, the status precondition and
+the operator killed between its status write and its scale call).
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,10 +22,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters import devcluster
-from batchfill.demo import install_operator_rbac, operator_as_service_account
+from batchfill.demo import install_operator_rbac
 
 from .conftest import USE_EXISTING
-from .support import Kube, model_volume, temp_namespace, until, wait_for
+from .support import Kube, Operator, model_volume, temp_namespace, until, wait_for
 from .test_operator import GROUP, PLURAL, VERSION, batched_model, children, condition, custom, get_bm, is_true
 
 pytestmark = pytest.mark.cluster
@@ -36,43 +34,11 @@ pytestmark = pytest.mark.cluster
 CONVERGE_S = 120.0
 
 
-class Operator:
-    """``batchfill run`` as a subprocess that can be killed (SIGKILL) and started again; logs kept per run."""
-
-    def __init__(self, kube: Kube, work: Path) -> None:
-        self.kube, self.work, self.runs = kube, work, 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._stack = ExitStack()
-
-    def start(self) -> None:
-        self.runs += 1
-        self._stack = ExitStack()
-        log = self.work / f"operator-{self.runs}.log"
-        self.proc = self._stack.enter_context(
-            operator_as_service_account(self.kube.kubeconfig, self.work, log, args=("--verbose",))
-        )
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()  # SIGKILL: no cleanup handler runs
-        self.proc.wait(timeout=30)
-        self._stack.close()
-
-    def stop(self) -> None:
-        self._stack.close()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def logs(self) -> str:
-        return "\n".join((self.work / f"operator-{i}.log").read_text(errors="replace") for i in range(1, self.runs + 1))
-
-
 @pytest.fixture(scope="module")
 def operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     work = tmp_path_factory.mktemp("chaos")
     install_operator_rbac(kube.kubeconfig, work)
-    op = Operator(kube, work)
+    op = Operator(kube, work, args=("--verbose",))
     op.start()
     try:
         yield op

@@ -115,3 +115,26 @@ def test_demo_keep_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     assert "everything the demo started has been stopped" in rest
     assert _wait_gone(run_dir) == []
     assert list(run_dir.iterdir()) == []
+
+
+def test_demo_stops_everything_on_sigterm_and_exits_143(tmp_path: Path) -> None:
+    # What a CI job's timeout or `kill` sends: the same cleanup as Ctrl-C, and 128 + SIGTERM like `batchfill serve`.
+    run_dir = tmp_path / "demo"
+    proc = _demo(run_dir, "--duration", "3")
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "dev cluster up" in line:
+            break
+    assert _survivors(run_dir), "".join(lines)[-4000:]  # the control plane is running when the signal comes
+    os.kill(proc.pid, signal.SIGTERM)  # the demo process only, as a supervisor would
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, rest[-4000:]
+    assert "everything the demo started has been stopped" in rest
+    assert _wait_gone(run_dir) == []
+    assert list(run_dir.iterdir()) == []

@@ -47,6 +47,8 @@ HANDLED_TIMEOUT_S = 300.0
 SETTLE_TIMEOUT_S = 300.0
 CONDITION_TYPES = ("ConfigValid", "SLAFeasible", "Planned")
 TRACEBACK_MARKERS = ("Traceback (most recent call last)", "failed with an exception")
+#: The annotation kopf keeps the handled spec in (batchfill.handlers.configure).
+KOPF_COPY = "batchfill.io/last-handled-configuration"
 
 
 def _hand_picked() -> list[tuple[str, dict[str, Any]]]:
@@ -68,7 +70,20 @@ def _hand_picked() -> list[tuple[str, dict[str, Any]]]:
     bad_selector["triton"] = {"nodeSelector": {"zone": "a b/c"}}
     bad_quantity = copy.deepcopy(deployable)
     bad_quantity["triton"] = {"resources": {"requests": {"cpu": "fast"}, "limits": {"memory": -1}}}
+    # near the bounds, with every character one kopf escapes (`"`): its copy in kopf's annotation is ~100 KB and
+    # must still fit (api.spec.SPEC_BYTES_MAX); non-ASCII text, which kopf would escape to up to 12 bytes a
+    # character, is refused by the schema
+    largest = copy.deepcopy(deployable)
+    largest["triton"] = {
+        "args": [f"--{i:02d}=" + '"' * 1019 for i in range(16)],
+        "nodeSelector": {f"{i:02d}" + '"' * 315: '"' * 63 for i in range(32)},
+        "tolerations": [{"key": '"' * 317, "operator": "Equal", "value": '"' * 63, "effect": "NoSchedule"}] * 16,
+    }
+    non_ascii = copy.deepcopy(deployable)
+    non_ascii["triton"] = {"args": ["--log-info=\u00e9t\u00e9 \U0001f680" * 10]}
     return [
+        ("largest-escaped", largest),
+        ("args-non-ascii", non_ascii),
         ("model-name-1mib", long_name),
         ("description-1mib", described),
         ("node-selector-1mib", huge_selector),
@@ -229,6 +244,10 @@ def test_rejections_name_the_field(fuzzed: tuple[str, list[Outcome]]) -> None:
     unnamed = [f"{o.describe()}: {o.rejected_message[:400]}" for o in rejected if not names_a_spec_field(o)]
     assert not unnamed, "rejections that name no spec field:\n" + "\n".join(unnamed)
     assert 0 < len(rejected) < len(outcomes), "the specs should be neither all accepted nor all rejected"
+    by_name = {o.name: o for o in outcomes}
+    assert by_name["largest-escaped"].rejected_status is None, by_name["largest-escaped"].rejected_message
+    assert by_name["args-non-ascii"].rejected_status == 422
+    assert any(f.startswith("spec.triton.args[0]") for f in by_name["args-non-ascii"].rejected_fields)
 
 
 def test_accepted_specs_are_planned_or_get_a_field_named_condition(
@@ -263,6 +282,8 @@ def test_accepted_specs_are_planned_or_get_a_field_named_condition(
             )
             continue
         o.verdict = verdict(bm)
+        if KOPF_COPY not in (bm["metadata"].get("annotations") or {}):
+            problems.append(f"{name}: kopf's copy of the handled spec ({KOPF_COPY}) was not stored")
         if not o.verdict:
             problems.append(
                 f"{name}: neither Planned=True nor a condition naming a spec. field: {status['conditions']}"

@@ -1,10 +1,11 @@
 """The scaling loop on the real API server, fed by real Triton metrics through a real Prometheus.
 
 The operator runs as the install's ServiceAccount (as in test_operator.py) with a 3 s timer and a 10 s signal
-window. Triton pods are kwok pods on fake GPU nodes; each Ready pod is paired with a real tritonserver (sleep
-model: ``40 + 6·b`` ms per batch) whose metrics a real Prometheus scrapes with the pod's ``namespace``/``pod``
-labels, exactly as a ServiceMonitor would label them. Poisson load is spread round-robin over the Ready pods'
-servers (a Service). Checked, in one BatchedModel's life:
+window, as a subprocess a test can SIGKILL and start again (``support.Operator``). Triton pods are kwok pods on
+fake GPU nodes; each Ready pod is paired with a real tritonserver (sleep model: ``40 + 6·b`` ms per batch) whose
+metrics a real Prometheus scrapes with the pod's ``namespace``/``pod`` labels, exactly as a ServiceMonitor would
+label them. Poisson load is spread round-robin over the Ready pods' servers (a Service). Checked, in one
+BatchedModel's life:
 
 1. Auto: a load of 1.5 replicas' worth saturates the single replica -> scaled to 2 through the Deployment's scale
    subresource, with status (desiredReplicas, lastScaleReason, observed, MetricsAvailable) and an Event;
@@ -13,7 +14,10 @@ servers (a Service). Checked, in one BatchedModel's life:
 3. Advise: the same high load only writes the recommendation (desiredReplicas 2); the Deployment stays at 1;
 4. no profile: a first plan (capacity unknown) is served, the operator reads Triton's statistics of the pod at
    ``<pod IP>:8000`` (kwok gives pods loopback addresses from their node's podCIDR, and the pod's tritonserver
-   listens there), fits the profile, adopts it with one Event, and the Deployment rolls exactly once.
+   listens there), fits the profile, adopts it with one Event, and the Deployment rolls exactly once;
+5. the operator SIGKILLed between the two writes of a scale-out (status appliedReplicas 2 written, the scale call
+   not made: an admission policy refuses it): nothing changes while it is dead; restarted, it scales the
+   Deployment to exactly 2 once, from its status, and holds 2 under the same load.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
 from batchfill.adapters.balancer import BalancedLoad
@@ -38,7 +43,7 @@ from batchfill.adapters.prometheus_local import LocalPrometheus, ScrapeTarget
 from batchfill.demo import PodTritons
 
 from .conftest import USE_EXISTING
-from .support import Kube, model_volume, rbac_denials, temp_namespace, until
+from .support import Kube, Operator, model_volume, rbac_denials, temp_namespace, until
 
 pytestmark = [
     pytest.mark.cluster,
@@ -87,6 +92,7 @@ class Lab:
         self.kube, self.ns, self.work = kube, ns, work
         self.custom = client.CustomObjectsApi(kube.api)
         self.prometheus = LocalPrometheus(scrape_interval_s=1.0, work_dir=work / "prometheus")
+        self.operator = Operator(kube, work)  # its env (Prometheus' URL) is set by start(); restartable
         files = work / "volume"
         write_model(files, "sleep", "# replaced by the ConfigMap's config\n", "sleep_model")
         self.tritons = PodTritons(
@@ -136,8 +142,23 @@ class Lab:
         self._follower = threading.Thread(target=self._follow_pods, daemon=True)
         self._follower.start()
         self.load.start(0.0)
+        self.operator.env = {
+            "BATCHFILL_PROMETHEUS_URL": self.prometheus.url,
+            "BATCHFILL_RECONCILE_INTERVAL_SECONDS": "3",
+            "BATCHFILL_SIGNAL_WINDOW_SECONDS": "10",
+            "BATCHFILL_PROMETHEUS_TIMEOUT_SECONDS": "2",
+            "BATCHFILL_PROFILE_INTERVAL_SECONDS": "3",
+            "BATCHFILL_NAMESPACES": self.ns,
+        }
+
+    def start_operator(self) -> None:
+        """A new ``batchfill run`` (a new log file), checked to be still running 2 s later."""
+        self.operator.start()
+        time.sleep(2)
+        assert self.operator.alive(), self.operator.log()[-3000:]
 
     def close(self) -> None:
+        self.operator.stop()
         self._stop.set()
         self._follower.join(timeout=240)  # it may be starting a tritonserver: let it finish before stopping them
         self.load.stop()
@@ -148,7 +169,7 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    from batchfill.demo import install_operator_rbac, operator_as_service_account
+    from batchfill.demo import install_operator_rbac
 
     work = tmp_path_factory.mktemp("scaling")
     install_operator_rbac(kube.kubeconfig, work)
@@ -156,23 +177,12 @@ def lab(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         model_volume(kube, ns)
         lab = Lab(kube, ns, work)
         lab.start()
-        env = {
-            "BATCHFILL_PROMETHEUS_URL": lab.prometheus.url,
-            "BATCHFILL_RECONCILE_INTERVAL_SECONDS": "3",
-            "BATCHFILL_SIGNAL_WINDOW_SECONDS": "10",
-            "BATCHFILL_PROMETHEUS_TIMEOUT_SECONDS": "2",
-            "BATCHFILL_PROFILE_INTERVAL_SECONDS": "3",
-            "BATCHFILL_NAMESPACES": ns,
-        }
-        log = work / "operator.log"
         try:
-            with operator_as_service_account(kube.kubeconfig, work, log, env) as proc:
-                time.sleep(2)
-                assert proc.poll() is None, log.read_text()[-3000:]
-                yield lab
+            lab.start_operator()
+            yield lab
         finally:
-            lab.close()
-            denied = rbac_denials(log.read_text())
+            lab.close()  # stops the operator first (if a test left it running)
+            denied = rbac_denials(lab.operator.logs())  # every run's log
             assert not denied, denied[:5]
 
 
@@ -490,3 +500,159 @@ def test_a_triton_that_dies_and_restarts_changes_no_replica(lab: Lab) -> None:
     assert not scale_events, scale_events
     lab.load.set_rate(0)
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
+
+
+def test_operator_killed_between_status_and_scale_converges_without_double_scaling(lab: Lab) -> None:
+    """The half-applied scale: status says appliedReplicas 2 (written first, with a resourceVersion precondition)
+    while the Deployment still has 1 replica (the scale call after it never happened), then the operator is
+    SIGKILLed. With the operator dead nothing changes; the restarted operator changes the Deployment once, to the
+    count its status recorded (2), and holds 2 under the same load: no double apply."""
+    name = "midscale"
+    dep = f"{name}-triton"
+    lab.following = name
+    lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, sleep_model(name, "Auto"))
+    bm = until("Planned", lambda: lab.bm(name), lambda b: condition(b, "Planned").get("status") == "True", 60)
+    one_replica = bm["status"]["plan"]["capacityPerReplicaRps"] * 0.8  # u·C
+    until("a Ready pod with its tritonserver", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
+    until(
+        "MetricsAvailable with traffic-free pods",
+        lambda: lab.bm(name),
+        lambda b: condition(b, "MetricsAvailable").get("status") == "True",
+        60,
+    )
+    assert lab.replicas(name) == 1
+
+    # The real API server refuses the second write of the tick (the scale subresource) and accepts the first (the
+    # status): this stands in for the operator dying between the two writes, deterministically, and leaves the
+    # same state behind. Only deployments/scale is matched: the Deployment itself (its controller's writes, the
+    # operator's server-side apply of its template) is not.
+    denied = "no scaling here (test policy)"
+    policy = f"deny-scale-{lab.ns}"
+    adm = client.AdmissionregistrationV1Api(lab.kube.api)
+
+    def remove_policy() -> None:
+        for delete in (adm.delete_validating_admission_policy_binding, adm.delete_validating_admission_policy):
+            try:
+                delete(policy)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+    def events() -> list[Any]:
+        items = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
+        return sorted(items, key=lambda e: (e.metadata.creation_timestamp, e.metadata.name))
+
+    def scale_refused() -> bool:
+        try:  # dry run: admission runs, nothing is stored
+            lab.kube.apps.patch_namespaced_deployment_scale(dep, lab.ns, {"spec": {"replicas": 1}}, dry_run="All")
+        except ApiException as e:
+            return denied in (e.body or "")
+        return False
+
+    def state() -> tuple[dict[str, Any], int]:
+        proc = lab.operator.proc
+        assert lab.operator.alive(), f"the operator exited ({proc and proc.returncode}) before the test killed it"
+        return lab.bm(name)["status"], lab.replicas(name)
+
+    adm.create_validating_admission_policy(
+        {
+            "metadata": {"name": policy},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["apps"],
+                            "apiVersions": ["v1"],
+                            "operations": ["UPDATE"],
+                            "resources": ["deployments/scale"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": "false", "message": denied}],
+            },
+        }
+    )
+    adm.create_validating_admission_policy_binding(
+        {
+            "metadata": {"name": policy},
+            "spec": {
+                "policyName": policy,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": lab.ns}}},
+            },
+        }
+    )
+    try:
+        time.sleep(2)  # the policy reaches the API server's cache; then checked:
+        until("the scale subresource refused", scale_refused, bool, 30)
+
+        # saturating load: the operator decides 1 -> 2, writes status, and its scale call is refused
+        lab.load.set_rate(1.5 * one_replica)
+        half = until(
+            "status appliedReplicas 2 with the Deployment at 1",
+            state,
+            lambda sr: sr[0].get("appliedReplicas") == 2 and sr[0].get("desiredReplicas") == 2 and sr[1] == 1,
+            90,
+        )[0]
+        until("the refused scale call in the operator's log", lambda: denied in lab.operator.log(), bool, 15)
+        lab.operator.kill()
+        before_kill = [(e.reason, e.message) for e in events()]
+        remove_policy()
+
+        # the operator is dead: nothing scales (the API server would now accept the scale call)
+        dead: list[int] = []
+        for _ in range(20):
+            dead.append(lab.replicas(name))
+            time.sleep(0.5)
+        assert set(dead) == {1}, f"the Deployment changed with the operator dead: {dead}"
+        status = lab.bm(name)["status"]
+        assert (status.get("appliedReplicas"), status.get("desiredReplicas")) == (2, 2), status
+        generation = lab.kube.apps.read_namespaced_deployment(dep, lab.ns).metadata.generation
+        seen = {e.metadata.name for e in events()}
+
+        lab.start_operator()
+        restarted = time.monotonic()
+        converging: list[int] = []
+        while time.monotonic() - restarted < 60:
+            converging.append(lab.replicas(name))
+            if converging[-1] != 1:
+                break
+            time.sleep(0.5)
+        took_s = time.monotonic() - restarted
+        assert converging[-1] == 2, f"not exactly 2 replicas within 60 s of the restart: {converging}"
+        held: list[int] = []
+        for _ in range(40):  # 20 s under the same load: a second apply would show as 3
+            held.append(lab.replicas(name))
+            time.sleep(0.5)
+        assert set(held) == {2}, f"the replicas moved after the restart's scale to 2: {held}"
+        assert lab.kube.apps.read_namespaced_deployment(dep, lab.ns).metadata.generation == generation + 1, (
+            "the Deployment's spec changed more than once after the restart"
+        )
+        status = lab.bm(name)["status"]
+        assert status.get("appliedReplicas") == 2, status
+        assert status.get("desiredReplicas") == 2, status
+        assert lab.operator.alive(), lab.operator.log()[-3000:]
+
+        after = [e for e in events() if e.metadata.name not in seen]
+        to_two = [e for e in after if re.search(r"-> 2\b|\bset 2\b", e.message or "")]
+        # What the restarted operator says: status.appliedReplicas (2) differs from the Deployment (1), whose
+        # replicas batchfill still owns (managedFields): its own scale, recorded but never made, is completed as
+        # ScaleResumed, not reported as a hand edit. (The scale-out itself was never posted as an event: the
+        # killed operator's tick failed at the scale call, before its events.)
+        assert [e.reason for e in to_two] == ["ScaleResumed"], [(e.reason, e.message) for e in after]
+        assert to_two[0].message.startswith("1 -> 2: status recorded a scale to 2"), to_two[0].message
+        assert not [e for e in after if e.reason == "ManualScaleReverted"], [(e.reason, e.message) for e in after]
+        print(
+            f"\nhalf-applied: status {half.get('lastScaleReason')} (applied {half.get('appliedReplicas')}) with "
+            f"the Deployment at 1; events before the kill: {before_kill}"
+            f"\nrestarted: 2 replicas {took_s:.1f} s after the restart (samples {converging}); events since: "
+            f"{[(e.reason, e.message) for e in after]}; lastScaleReason now {status.get('lastScaleReason')}"
+        )
+    finally:
+        remove_policy()
+        lab.load.set_rate(0)
+        if not lab.operator.alive():  # failed while it was dead: the later tests need it
+            lab.start_operator()
+    lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
+    lab.following = ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator
 from enum import StrEnum
@@ -21,7 +22,14 @@ from batchfill.api.crd import (
     render_crd_yaml,
     structural_schema,
 )
-from batchfill.api.spec import DEFAULT_TRITON_IMAGE, BatchedModelSpec
+from batchfill.api.spec import (
+    DEFAULT_TRITON_IMAGE,
+    PRINTABLE,
+    QUALIFIED_NAME_MAX,
+    QUANTITY_MAX,
+    SPEC_BYTES_MAX,
+    BatchedModelSpec,
+)
 from batchfill.api.status import BatchedModelStatus, Condition, ObservedStatus, PlanStatus, SeedRule
 
 from .conftest import CASES_DOC, SEED_DOC
@@ -281,18 +289,20 @@ def test_types_translated() -> None:
         "message": "keys must be at least 1 and at most 317 characters",
         "rule": "self.all(k, size(k) >= 1 && size(k) <= 317)",
     }
+    ascii_keys = {"message": "keys must be printable ASCII", "rule": "self.all(k, k.matches('^[ -~]*$'))"}
     assert node_at("spec.triton.nodeSelector") == {
         "description": "Node labels the Triton pods must run on.",
         "type": "object",
-        "maxProperties": 64,
-        "additionalProperties": {"type": "string", "maxLength": 63},
-        "x-kubernetes-validations": [key_rule],
+        "maxProperties": 32,
+        "additionalProperties": {"type": "string", "maxLength": 63, "pattern": "^[ -~]*$"},
+        "x-kubernetes-validations": [key_rule, ascii_keys],
     }
     for field in ("requests", "limits"):
         node = node_at(f"spec.triton.resources.{field}")
         assert node["additionalProperties"] == {"x-kubernetes-int-or-string": True}
-        assert node["maxProperties"] == 32
+        assert node["maxProperties"] == 16
         assert key_rule in node["x-kubernetes-validations"]
+        assert ascii_keys in node["x-kubernetes-validations"]
     tolerations = node_at("spec.triton.tolerations[]")
     assert set(tolerations["properties"]) == {"key", "operator", "value", "effect", "tolerationSeconds"}
     assert "x-kubernetes-preserve-unknown-fields" not in tolerations
@@ -324,16 +334,22 @@ EXPECTED_RULES: dict[str, list[str]] = {
         "!has(self.maxBatchSize) || self.maxBatchSize > 0",
     ],
     "spec.scaling": ["!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas"],
-    # maps: the lengths of their keys (and of quantity strings), which a structural schema cannot bound otherwise
+    # maps: the lengths of their keys (and of quantity strings), which a structural schema cannot bound otherwise,
+    # and their keys' characters (printable ASCII, so kopf's escaped copy of the spec stays within its budget)
     "spec.triton.resources.requests": [
         "self.all(k, type(self[k]) != string || size(self[k]) <= 64)",
         "self.all(k, size(k) >= 1 && size(k) <= 317)",
+        "self.all(k, k.matches('^[ -~]*$'))",
     ],
     "spec.triton.resources.limits": [
         "self.all(k, type(self[k]) != string || size(self[k]) <= 64)",
         "self.all(k, size(k) >= 1 && size(k) <= 317)",
+        "self.all(k, k.matches('^[ -~]*$'))",
     ],
-    "spec.triton.nodeSelector": ["self.all(k, size(k) >= 1 && size(k) <= 317)"],
+    "spec.triton.nodeSelector": [
+        "self.all(k, size(k) >= 1 && size(k) <= 317)",
+        "self.all(k, k.matches('^[ -~]*$'))",
+    ],
 }
 
 
@@ -639,3 +655,55 @@ def test_crd_module_is_pure() -> None:
         "batchfill.api.status",
     }, imports
     assert "open(" not in source
+
+
+# ------------------------------------------------------------------------------- the largest spec fits kopf's copy
+
+
+def _largest(node: Schema, path: str) -> Any:
+    """The value of ``node`` whose JSON is longest: every list at maxItems, string at maxLength (of ``"``, escaped to
+    two bytes, where the pattern admits it), map at maxProperties, number at its widest. Fails naming an unbounded
+    node or free text that admits characters kopf would escape to more (non-ASCII)."""
+    if node.get("x-kubernetes-int-or-string"):
+        return "9" * QUANTITY_MAX
+    if "enum" in node:
+        return max(node["enum"], key=lambda v: len(json.dumps(v)))
+    kind = node.get("type")
+    if kind == "string":
+        assert "maxLength" in node, f"{path}: a string without maxLength"
+        assert "pattern" in node, f"{path}: free text without a pattern (printable ASCII at most)"
+        return ('"' if node["pattern"] == PRINTABLE else "x") * node["maxLength"]
+    if kind == "integer":
+        return -(2**63)
+    if kind == "number":
+        return -1.7976931348623157e308
+    if kind == "boolean":
+        return False
+    if kind == "array":
+        assert "maxItems" in node, f"{path}: a list without maxItems"
+        return [_largest(node["items"], f"{path}[]") for _ in range(node["maxItems"])]
+    assert kind == "object", f"{path}: type {kind}"
+    assert not node.get("x-kubernetes-preserve-unknown-fields"), f"{path}: unbounded free-form object"
+    values = node.get("additionalProperties")
+    if isinstance(values, dict):
+        assert "maxProperties" in node, f"{path}: a map without maxProperties"
+        rules = [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+        assert f"self.all(k, k.matches('{PRINTABLE}'))" in rules, f"{path}: keys that may be non-ASCII"
+        width = len(str(node["maxProperties"]))
+        return {
+            '"' * (QUALIFIED_NAME_MAX - width) + f"{i:0{width}d}": _largest(values, f"{path}.*")
+            for i in range(node["maxProperties"])
+        }
+    return {name: _largest(child, f"{path}.{name}") for name, child in node.get("properties", {}).items()}
+
+
+def test_the_largest_spec_the_crd_admits_fits_kopfs_copy() -> None:
+    # kopf keeps the handled spec in an annotation; the API server allows 256 KiB of annotations in total, so a spec
+    # it accepts but whose copy does not fit would be refused on every write kopf makes to it (it once retried for
+    # ever). Compact JSON with kopf's escaping (json.dumps: ASCII only), every character escaped where it can be.
+    largest = _largest(node_at("spec"), "spec")
+    copy_bytes = len(json.dumps(largest, separators=(",", ":")))
+    assert 0.5 * SPEC_BYTES_MAX < copy_bytes <= SPEC_BYTES_MAX, copy_bytes
+    assert SPEC_BYTES_MAX <= 256 * 1024 - 32 * 1024  # room for the user's own annotations and kopf's progress
+    assert len(largest["triton"]["args"]) == 16
+    assert len(largest["triton"]["args"][0]) == 1024

@@ -67,7 +67,11 @@ OPERATOR_ENV = {
     "POD_NAME",
 }
 # Set from the downward API: variable -> the pod field.
-DOWNWARD_ENV = {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+DOWNWARD_ENV = {
+    "POD_NAMESPACE": "metadata.namespace",
+    "POD_NAME": "metadata.name",
+    "BATCHFILL_LEADER_ELECTION_LEASE_NAME": "spec.serviceAccountName",
+}
 # Labels only one of the two install paths sets.
 TOOL_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
 
@@ -145,7 +149,11 @@ def _downward(deployment: dict[str, Any]) -> dict[str, str]:
 
 def _pod_env(deployment: dict[str, Any], pod_name: str = f"{RELEASE}-abc12-xyz34") -> dict[str, str]:
     """The environment the operator's container sees, with the downward API filled in as the kubelet would."""
-    fields = {"metadata.namespace": deployment["metadata"]["namespace"], "metadata.name": pod_name}
+    fields = {
+        "metadata.namespace": deployment["metadata"]["namespace"],
+        "metadata.name": pod_name,
+        "spec.serviceAccountName": deployment["spec"]["template"]["spec"]["serviceAccountName"],
+    }
     return _env(deployment) | {name: fields[path] for name, path in _downward(deployment).items()}
 
 
@@ -201,6 +209,7 @@ def test_default_render_objects(helm: str) -> None:
             ("Role", LEADER_ELECTION_ROLE, NAMESPACE),
             ("RoleBinding", LEADER_ELECTION_ROLE, NAMESPACE),
             ("Deployment", RELEASE, NAMESPACE),
+            ("PodDisruptionBudget", RELEASE, NAMESPACE),
         ],
         key=str,
     )
@@ -230,6 +239,7 @@ def test_watching_named_namespaces_uses_a_role_per_namespace(helm: str) -> None:
             ("Role", LEADER_ELECTION_ROLE, NAMESPACE),
             ("RoleBinding", LEADER_ELECTION_ROLE, NAMESPACE),
             ("Deployment", RELEASE, NAMESPACE),
+            ("PodDisruptionBudget", RELEASE, NAMESPACE),
         ],
         key=str,
     )
@@ -247,7 +257,8 @@ def test_watching_named_namespaces_uses_a_role_per_namespace(helm: str) -> None:
 def test_watching_namespace_globs_grants_cluster_wide_plus_namespace_reads(helm: str) -> None:
     objs = helm_template(helm, *VARIANTS["globs"])
     assert {o["kind"] for o in objs} == {
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment",
+        "PodDisruptionBudget",
     }  # fmt: skip
     assert _rules(_only(objs, "ClusterRole")) == CLUSTER_READ_RULES + NAMESPACED_RULES + NAMESPACE_GLOB_RULES
     _assert_leader_election_rbac(objs)
@@ -266,6 +277,48 @@ def test_leader_election_runs_two_replicas_that_elect_one_with_a_lease(helm: str
     assert settings.leader_election is True
     assert settings.leader_election_namespace == NAMESPACE  # the Role's namespace
     assert settings.leader_election_lease_name == RELEASE
+    # A drain evicts one replica at a time, and the two prefer different nodes (one node going down does not take
+    # the leader and its standby together).
+    selector = spec["selector"]["matchLabels"]
+    budget = _only(helm_template(helm), "PodDisruptionBudget")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    assert spec["template"]["spec"]["affinity"] == {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": selector},
+                    },
+                }
+            ]
+        }
+    }
+    # The user's affinity replaces the default; the budget can be turned off.
+    objs = helm_template(
+        helm, "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+        ".matchExpressions[0].key=pool", "--set", "podDisruptionBudget.enabled=false",
+    )  # fmt: skip
+    affinity = _only(objs, "Deployment")["spec"]["template"]["spec"]["affinity"]
+    assert list(affinity) == ["nodeAffinity"]
+    assert not [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+
+
+def test_a_renamed_install_elects_with_a_lease_of_its_own(helm: str, kubectl: str, tmp_path: Path) -> None:
+    # The Lease is named after the ServiceAccount through the downward API, so kustomize's namePrefix (which
+    # renames the ServiceAccount and the pod's reference to it, but not a literal env value) and a second Helm
+    # release each elect with their own Lease instead of sharing one.
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": [os.path.relpath(ROOT / "deploy" / "base", tmp_path)], "namePrefix": "team-a-"})
+    )
+    objs = kustomize(kubectl, str(tmp_path))
+    settings = OperatorSettings.from_env(_pod_env(_only(objs, "Deployment")))
+    assert settings.leader_election_lease_name == "team-a-batchfill"
+    binding = next(o for o in objs if o["kind"] == "RoleBinding")
+    assert binding["subjects"][0]["name"] == "team-a-batchfill"
+    other = _only(helm_template(helm, "--set", "fullnameOverride=bf-two"), "Deployment")
+    assert OperatorSettings.from_env(_pod_env(other)).leader_election_lease_name == "bf-two"
 
 
 def test_leader_election_can_be_turned_off_for_a_single_replica(helm: str) -> None:
@@ -432,7 +485,7 @@ def test_operator_container_runs_batchfill_run_with_its_settings(helm: str) -> N
 
 
 def test_chart_defaults_match_the_operators_defaults(helm: str) -> None:
-    env = _env(_only(helm_template(helm), "Deployment"))
+    env = _pod_env(_only(helm_template(helm), "Deployment"))
     defaults = OperatorSettings()
     assert env["BATCHFILL_PROMETHEUS_URL"] == defaults.prometheus_url
     assert int(env["BATCHFILL_METRICS_PORT"]) == defaults.metrics_port

@@ -8,7 +8,7 @@ from typing import Any
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.policy.signals import ModelSignals, SignalState
-from batchfill.reconcile import changed_fields, observed_status, pod_counts
+from batchfill.reconcile import changed_fields, observed_status, pod_counts, replicas_managers
 
 
 def pod(name: str, *, ready: bool = False, scheduled: bool | None = True, message: str = "", deleting: bool = False
@@ -155,3 +155,24 @@ def test_signal_hub_queries_once_per_pass_however_long_the_pass() -> None:
             now[0] += 6.0  # a slow pass: 18 s for three models, longer than half the interval
             hub.signals(t)
     assert source.calls[3:] == [[("ns", "m0"), ("ns", "m1"), ("ns", "m2")]] * 2
+
+
+def test_replicas_managers_tell_a_hand_edit_from_batchfills_own_unfinished_scale() -> None:
+    def entry(manager: str, spec: dict[str, Any], subresource: str = "") -> dict[str, Any]:
+        out = {"manager": manager, "operation": "Update", "fieldsV1": {"f:spec": spec}}
+        return out | ({"subresource": subresource} if subresource else {})
+
+    template = {"f:template": {"f:metadata": {}}}
+    created = {"metadata": {"managedFields": [entry("batchfill", {"f:replicas": {}, **template})]}}
+    assert replicas_managers(created) == ["batchfill"]
+    scaled_by_hand = {
+        "metadata": {
+            "managedFields": [
+                entry("batchfill", template),  # the apply lost spec.replicas to the later update
+                entry("kubectl", {"f:replicas": {}}, "scale"),
+            ]
+        }
+    }
+    assert replicas_managers(scaled_by_hand) == ["kubectl"]
+    assert replicas_managers({"metadata": {}}) == []
+    assert replicas_managers({"metadata": {"managedFields": [{"manager": "x", "fieldsV1": {"f:spec": "junk"}}]}}) == []

@@ -9,7 +9,7 @@ permanent (the API server rejected the object: retrying cannot help).
 from __future__ import annotations
 
 import datetime
-import json
+import functools
 import logging
 import threading
 import time
@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -57,17 +58,83 @@ def _matches(obj: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     return all(have.get(k) == v for k, v in labels.items())
 
 
-def _items(resp: Any, what: str) -> list[dict[str, Any]]:
-    """The ``items`` of a list response read as plain JSON (camelCase, as the API sends them).
+def _page(resp: Any, what: str) -> tuple[list[dict[str, Any]], str]:
+    """The ``items`` of a list response read as plain JSON (camelCase, as the API sends them), and its
+    ``metadata.continue`` token ("" on the last page).
 
     The typed client would build a model object per item and the loops would turn it back into a dict: at 1,000
-    models that round trip was ~70 % of a scaling pass (py-spy, benchmarks/scale.py), the requests ~15 %.
+    models that round trip was ~70 % of a scaling pass (py-spy, benchmarks/scale.py). Parsing itself was then
+    ~40 % with the standard library's json; orjson parses the same text several times faster.
     """
     try:
-        items = json.loads(resp.data).get("items") or []
-    except (ValueError, AttributeError) as e:
+        doc = orjson.loads(resp.data)
+        items = doc.get("items") or []
+        token = str((doc.get("metadata") or {}).get("continue") or "")
+    except (orjson.JSONDecodeError, AttributeError, TypeError) as e:
         raise KubeTemporaryError(f"{what}: unreadable response: {e}") from None
-    return [i for i in items if isinstance(i, dict)]
+    return [i for i in items if isinstance(i, dict)], token
+
+
+def _items(resp: Any, what: str) -> list[dict[str, Any]]:
+    return _page(resp, what)[0]
+
+
+#: A tree of the fields to keep: ``True`` keeps a field whole, a dict keeps those of its sub-fields.
+Fields = Mapping[str, "bool | Fields"]
+
+
+def pick(obj: Mapping[str, Any], fields: Fields) -> dict[str, Any]:
+    """The part of ``obj`` named by ``fields`` (absent fields stay absent; a non-object where an object is
+    expected is dropped)."""
+    out: dict[str, Any] = {}
+    for name, sub in fields.items():
+        if name not in obj:
+            continue
+        value = obj[name]
+        if sub is True:
+            out[name] = value
+        elif isinstance(value, Mapping) and isinstance(sub, Mapping):
+            out[name] = pick(value, sub)
+    return out
+
+
+def _replicas_entries(managed: Any) -> list[dict[str, Any]]:
+    """managedFields reduced to who owns ``spec.replicas`` (an apply entry otherwise lists the whole template)."""
+    out = []
+    for entry in managed if isinstance(managed, list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        spec = (entry.get("fieldsV1") or {}).get("f:spec")
+        owns = isinstance(spec, Mapping) and "f:replicas" in spec
+        kept = pick(entry, {"manager": True, "operation": True, "subresource": True, "time": True})
+        out.append(kept | {"fieldsV1": {"f:spec": {"f:replicas": {}}} if owns else {}})
+    return out
+
+
+#: What the loops read of a Triton Deployment: its replicas, the pod template's config hash and labels, who set
+#: the replicas, and its status.
+DEPLOYMENT_FIELDS: Fields = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "generation": True},
+    "spec": {"replicas": True, "template": {"metadata": {"labels": True, "annotations": True}}},
+    "status": True,
+}
+#: What the loops read of a Triton pod: readiness, the scheduler's reason, its IPs.
+POD_FIELDS: Fields = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "deletionTimestamp": True},
+    "status": {"phase": True, "conditions": True, "podIP": True, "podIPs": True},
+}
+
+
+def _trim_deployment(obj: Mapping[str, Any]) -> dict[str, Any]:
+    out = pick(obj, DEPLOYMENT_FIELDS)
+    out.setdefault("metadata", {})["managedFields"] = _replicas_entries(
+        (obj.get("metadata") or {}).get("managedFields")
+    )
+    return out
+
+
+def _trim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return pick(obj, POD_FIELDS)
 
 
 def load_config(kubeconfig: str | None = None) -> None:
@@ -238,9 +305,10 @@ class Kube:
             raise _classify(e, what) from None
         return _items(resp, what)
 
-    def snapshot(self, selector: str) -> PassSnapshot:
-        """A read view for one loop pass: see :class:`PassSnapshot`."""
-        return PassSnapshot(self, selector)
+    def snapshot(self, selector: str, namespaces: tuple[str, ...] = ()) -> PassSnapshot:
+        """A read view for one loop pass (``namespaces``: the exact ones served, empty for all): see
+        :class:`PassSnapshot`."""
+        return PassSnapshot(self, selector, namespaces)
 
     def scale_deployment(self, name: str, namespace: str, replicas: int) -> None:
         """Set replicas through the Deployment's scale subresource."""
@@ -258,11 +326,13 @@ class Kube:
         api: Any = client.CustomObjectsApi(self.api)
         try:
             if not namespaces:
-                return list(api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"])
+                return _items(api.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False), "list")
             return [
                 item
                 for ns in namespaces
-                for item in api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+                for item in _items(
+                    api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _preload_content=False), "list"
+                )
             ]
         except (ApiException, HTTPError) as e:
             raise _classify(e, "list BatchedModels") from None
@@ -333,39 +403,109 @@ class Kube:
             log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], e)
 
 
+#: Items per page of a pass's LISTs: each page is parsed and trimmed before the next is read, so a pass holds one
+#: page of whole objects at a time, not the fleet's.
+LIST_PAGE_SIZE = 250
+_TRIM: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {"pods": _trim_pod, "deployments": _trim_deployment}
+
+
 class PassSnapshot(Kube):
-    """The reads of one loop pass over many BatchedModels, served from one LIST per namespace and kind.
+    """The reads of one loop pass over many BatchedModels, served from one paginated LIST per kind.
 
     A pass asks, per model, for its Deployment and its pods. Answered one by one that is a GET and a LIST per
     model per pass (2,000 requests every 15 s for 1,000 models, far past a client's rate limit); here the
-    Deployments and the pods that carry ``selector`` (the labels every BatchedModel child has) are listed once
-    per namespace, on first use, and filtered in memory. The view is as old as the pass: writes go straight to
-    the API through the same client, and a new pass takes a new snapshot. Everything else is :class:`Kube`'s.
+    Deployments and the pods that carry ``selector`` (the labels every BatchedModel child has) are listed once,
+    on first use, and filtered in memory: across the cluster when the operator serves every namespace
+    (``namespaces`` empty), else namespace by namespace (a namespaced install may list only its own). Pages of
+    :data:`LIST_PAGE_SIZE` are trimmed to :data:`DEPLOYMENT_FIELDS` / :data:`POD_FIELDS` as they arrive. A LIST
+    that fails fails every later read of that kind and scope in the pass without asking again (no request storm
+    while the API is down). The view is as old as the pass: writes go straight to the API through the same
+    client, and a new pass takes a new snapshot. Everything else is :class:`Kube`'s.
     """
 
-    def __init__(self, kube: Kube, selector: str) -> None:
+    def __init__(self, kube: Kube, selector: str, namespaces: tuple[str, ...] = ()) -> None:
         super().__init__(kube.api)
         self._kinds = kube._kinds  # share the discovery answers, client and lock: costly to rebuild, not thread-safe
         self._discovery = kube._discovery
         self._dynamic = kube.dynamic
         self.selector = selector
-        self._pods: dict[str, list[dict[str, Any]]] = {}
-        self._deployments: dict[str, dict[str, dict[str, Any]]] = {}
+        self.namespaces = namespaces
+        # (kind, scope: a namespace, or "" for the cluster) -> namespace -> trimmed items, or the LIST's error
+        self._lists: dict[tuple[str, str], dict[str, list[dict[str, Any]]] | Exception] = {}
+        self._deployment_names: dict[str, dict[Any, dict[str, Any]]] = {}  # namespace -> name -> Deployment
+
+    def prefetch(self, kinds: tuple[str, ...] = ("pods", "deployments")) -> None:
+        """List ``kinds`` now for every namespace served. Raises when every LIST of a kind failed (the API is down:
+        the pass cannot be made); a namespace whose LIST failed alone fails only its own models' reads."""
+        for kind in kinds:
+            errors = []
+            for ns in self.namespaces or ("",):
+                try:
+                    self._by_namespace(kind, ns)
+                except (KubeTemporaryError, KubePermanentError) as err:
+                    errors.append(err)
+            if errors and len(errors) == len(self.namespaces or ("",)):
+                raise errors[0]
+
+    def _by_namespace(self, kind: str, namespace: str) -> dict[str, list[dict[str, Any]]]:
+        key = (kind, namespace if self.namespaces else "")
+        if key not in self._lists:
+            try:
+                grouped: dict[str, list[dict[str, Any]]] = {}
+                for item in self._list_paged(kind, key[1]):
+                    grouped.setdefault((item.get("metadata") or {}).get("namespace") or key[1], []).append(item)
+                self._lists[key] = grouped
+            except (KubeTemporaryError, KubePermanentError) as err:
+                self._lists[key] = err
+        found = self._lists[key]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _list_paged(self, kind: str, namespace: str) -> list[dict[str, Any]]:
+        """Every ``kind`` ("pods" or "deployments") with the selector, in ``namespace`` ("" for all), trimmed."""
+        call: Callable[..., Any]
+        if kind == "pods":
+            core = client.CoreV1Api(self.api)
+            call = (
+                functools.partial(core.list_namespaced_pod, namespace)
+                if namespace
+                else core.list_pod_for_all_namespaces
+            )
+        else:
+            apps = client.AppsV1Api(self.api)
+            call = (
+                functools.partial(apps.list_namespaced_deployment, namespace)
+                if namespace
+                else apps.list_deployment_for_all_namespaces
+            )
+        what = f"list {kind} {namespace or 'in all namespaces'}"
+        trim, items, token = _TRIM[kind], list[dict[str, Any]](), ""
+        while True:
+            extra: dict[str, Any] = {"_continue": token} if token else {}
+            try:
+                resp = call(label_selector=self.selector, limit=LIST_PAGE_SIZE, _preload_content=False, **extra)
+            except (ApiException, HTTPError) as e:
+                raise _classify(e, what) from None
+            page, token = _page(resp, what)
+            items.extend(trim(i) for i in page)
+            if not token:
+                return items
 
     def list_pods(self, namespace: str, selector: Mapping[str, str] | str) -> list[dict[str, Any]]:
         if isinstance(selector, str):  # not expressible as equalities to filter on: ask the API
             return super().list_pods(namespace, selector)
-        if namespace not in self._pods:
-            self._pods[namespace] = super().list_pods(namespace, self.selector)
-        return [p for p in self._pods[namespace] if _matches(p, selector)]
+        return [p for p in self._by_namespace("pods", namespace).get(namespace, ()) if _matches(p, selector)]
 
     def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         if (api_version, kind) != ("apps/v1", "Deployment"):
             return super().get(api_version, kind, name, namespace)
-        if namespace not in self._deployments:
-            listed = self.list_deployments(namespace, self.selector)
-            self._deployments[namespace] = {d["metadata"]["name"]: d for d in listed}
-        found = self._deployments[namespace].get(name)
-        if found is None:  # not labelled as ours (made by hand, or before the labels): ask for it by name
-            return super().get(api_version, kind, name, namespace)
-        return found
+        index = self._deployment_names.get(namespace)
+        if index is None:
+            listed = self._by_namespace("deployments", namespace).get(namespace, ())
+            index = self._deployment_names[namespace] = {(d.get("metadata") or {}).get("name"): d for d in listed}
+        found = index.get(name)
+        if found is not None:
+            return found
+        # not labelled as ours (made by hand, or before the labels): ask for it by name
+        return super().get(api_version, kind, name, namespace)

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from batchfill.api.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, BatchedModelSpec
+from batchfill.api.spec import GROUP, KIND, PLURAL, PRINTABLE, SHORT_NAMES, SINGULAR, VERSION, BatchedModelSpec
 from batchfill.api.status import BatchedModelStatus
 
 Schema = dict[str, Any]
@@ -173,20 +173,38 @@ def _exclusive_bound(plain: Schema, exclusive: str, inclusive: str, stricter: An
 
 
 def _key_rules(node: Schema, path: str) -> Schema:
-    """``propertyNames`` length bounds (a map's keys) -> a CEL rule: structural schemas have no propertyNames."""
-    if "propertyNames" not in node:
+    """A map's key bounds -> CEL rules: structural schemas have no propertyNames or patternProperties.
+
+    ``propertyNames`` gives the key lengths; pydantic writes a key pattern as ``patternProperties`` with one entry
+    (pattern -> value schema), which becomes ``additionalProperties`` plus a ``matches`` rule on the keys.
+    """
+    if "propertyNames" not in node and "patternProperties" not in node:
         return node
     node = dict(node)
-    names = dict(node.pop("propertyNames"))
+    names = dict(node.pop("propertyNames", {}))
+    by_pattern = node.pop("patternProperties", {})
+    if len(by_pattern) > 1 or (by_pattern and "additionalProperties" in node):
+        raise _at(path, f"patternProperties {sorted(by_pattern)} beside other value schemas: no CEL translation")
+    pattern = names.pop("pattern", None)
+    for key_pattern, values in by_pattern.items():
+        pattern, node["additionalProperties"] = key_pattern, values
     low, high = names.pop("minLength", None), names.pop("maxLength", None)
     names.pop("type", None)
     if names:
         raise _at(path, f"propertyNames keywords with no CEL translation: {sorted(names)}")
     checks = [c for c in (f"size(k) >= {low}" if low else "", f"size(k) <= {high}" if high else "") if c]
+    rules = []
     if checks:
         bounds = " and ".join(b for b in (f"at least {low}" if low else "", f"at most {high}" if high else "") if b)
-        rule = {"message": f"keys must be {bounds} characters", "rule": f"self.all(k, {' && '.join(checks)})"}
-        node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), rule]
+        rules.append({"message": f"keys must be {bounds} characters", "rule": f"self.all(k, {' && '.join(checks)})"})
+    if pattern:
+        # a CEL string literal in single quotes: the pattern must not hold one (nor a backslash to escape it)
+        if "'" in pattern or "\\" in pattern:
+            raise _at(path, f"propertyNames pattern {pattern!r} cannot be written as a CEL string literal")
+        what = "printable ASCII" if pattern == PRINTABLE else f"match {pattern}"
+        rules.append({"message": f"keys must be {what}", "rule": f"self.all(k, k.matches('{pattern}'))"})
+    if rules:
+        node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), *rules]
     return node
 
 

@@ -40,10 +40,21 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any
 QUALIFIED_NAME_MAX = 317
 #: Longest label value.
 LABEL_VALUE_MAX = 63
-#: Longest file path or object-store URI in the spec. Every string and map in the spec is bounded: an object
-#: the API server accepts must also fit the annotations kopf keeps the handled spec in (256 KiB in total).
+#: Longest file path or object-store URI in the spec (and tritonserver argument).
 PATH_MAX = 1024
-QualifiedName = Annotated[str, Field(min_length=1, max_length=QUALIFIED_NAME_MAX)]
+#: Longest tensor name (Triton's are identifiers; 128 as for model names).
+TENSOR_NAME_MAX = 128
+#: Largest copy of a spec kopf can be asked to keep, bytes (tests/unit/test_crd.py builds the largest spec the
+#: CRD admits and measures it). kopf stores the handled spec, labels and annotations in an annotation, JSON with
+#: every non-ASCII character escaped, and an object's annotations may total 256 KiB: a spec the API server accepts
+#: but whose copy does not fit is refused on every write kopf makes to it. So every string, list and map in the
+#: spec is bounded, free text is printable ASCII, and the largest copy leaves 32 KiB for the user's annotations.
+#: (Client-side `kubectl apply` keeps yet another copy: use --server-side for specs near these bounds.)
+SPEC_BYTES_MAX = 224 * 1024
+#: Printable ASCII: free text in the spec (arguments, paths, tensor names, label keys and values). kopf's copy of
+#: the spec escapes any other character to as many as 12 bytes, which no length bound could then budget for.
+PRINTABLE = r"^[ -~]*$"
+QualifiedName = Annotated[str, Field(min_length=1, max_length=QUALIFIED_NAME_MAX, pattern=PRINTABLE)]
 
 
 class _Model(BaseModel):
@@ -74,7 +85,9 @@ class DataType(StrEnum):
 class TensorSpec(_Model):
     """One model input or output."""
 
-    name: str = Field(min_length=1, max_length=253, description="Tensor name as the model defines it.")
+    name: str = Field(
+        min_length=1, max_length=TENSOR_NAME_MAX, pattern=PRINTABLE, description="Tensor name as the model defines it."
+    )
     dataType: DataType = Field(description="Triton data type, e.g. TYPE_FP32.")
     dims: list[Annotated[int, Field(ge=-1)]] = Field(
         min_length=1,
@@ -118,19 +131,27 @@ class BatchInput(_Model):
     """A Triton ``batch_input`` entry (ragged batching); see Triton's ragged_batching.md."""
 
     kind: BatchInputKind
-    targetName: str = Field(min_length=1, max_length=253, description="Name of the extra tensor the model receives.")
+    targetName: str = Field(
+        min_length=1,
+        max_length=TENSOR_NAME_MAX,
+        pattern=PRINTABLE,
+        description="Name of the extra tensor the model receives.",
+    )
     dataType: DataType
-    sourceInputs: list[Annotated[str, Field(max_length=253)]] = Field(
-        min_length=1, max_length=16, description="Inputs the batch input is computed from."
+    sourceInputs: list[Annotated[str, Field(max_length=TENSOR_NAME_MAX, pattern=PRINTABLE)]] = Field(
+        min_length=1, max_length=8, description="Inputs the batch input is computed from."
     )
 
 
 class PVCSource(_Model):
     """Model repository on a PersistentVolumeClaim."""
 
-    claimName: str = Field(min_length=1, max_length=253)
+    claimName: str = Field(min_length=1, max_length=253, pattern=PRINTABLE)
     path: str = Field(
-        default="", max_length=PATH_MAX, description="Sub-path of the volume that holds the model repository."
+        default="",
+        max_length=PATH_MAX,
+        pattern=PRINTABLE,
+        description="Sub-path of the volume that holds the model repository.",
     )
 
 
@@ -138,10 +159,16 @@ class ImageSource(_Model):
     """Model repository inside an OCI image (Kubernetes image volume)."""
 
     reference: str = Field(
-        min_length=1, max_length=PATH_MAX, description="OCI image reference holding the model repository."
+        min_length=1,
+        max_length=PATH_MAX,
+        pattern=PRINTABLE,
+        description="OCI image reference holding the model repository.",
     )
     path: str = Field(
-        default="", max_length=PATH_MAX, description="Directory inside the image that holds the model repository."
+        default="",
+        max_length=PATH_MAX,
+        pattern=PRINTABLE,
+        description="Directory inside the image that holds the model repository.",
     )
 
 
@@ -164,7 +191,7 @@ class ModelRepository(_Model):
     uri: str | None = Field(
         default=None,
         max_length=PATH_MAX,
-        pattern=r"^(s3|gs|as)://.+",
+        pattern=r"^(s3|gs|as)://[ -~]+$",
         description="Object-store model repository, as tritonserver --model-repository takes it (s3://, gs://, as://).",
     )
 
@@ -215,10 +242,10 @@ class ModelSpec(_Model):
         default=SequenceStrategy.OLDEST,
         description="Sequence-batcher strategy when stateful. Always written out explicitly.",
     )
-    inputs: list[TensorSpec] = Field(default_factory=list, max_length=64, description="Optional inputs.")
-    outputs: list[TensorSpec] = Field(default_factory=list, max_length=64, description="Optional outputs.")
+    inputs: list[TensorSpec] = Field(default_factory=list, max_length=32, description="Optional inputs.")
+    outputs: list[TensorSpec] = Field(default_factory=list, max_length=32, description="Optional outputs.")
     batchInputs: list[BatchInput] = Field(
-        default_factory=list, max_length=16, description="Triton batch_input entries for ragged batching."
+        default_factory=list, max_length=8, description="Triton batch_input entries for ragged batching."
     )
     repository: ModelRepository | None = Field(default=None, description="Where the model files come from.")
 
@@ -409,8 +436,8 @@ _QUANTITIES: dict[str, Any] = {
 class ResourceRequirements(_Model):
     """Container resources of the Triton container (core/v1 ResourceRequirements subset)."""
 
-    requests: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_QUANTITIES)
-    limits: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_QUANTITIES)
+    requests: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=16, json_schema_extra=_QUANTITIES)
+    limits: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=16, json_schema_extra=_QUANTITIES)
 
 
 class TolerationOperator(StrEnum):
@@ -433,9 +460,9 @@ class TaintEffect(StrEnum):
 class Toleration(_Model):
     """A core/v1 Toleration of the Triton pods (its rules across fields are checked by batchfill.api.validate)."""
 
-    key: str | None = Field(default=None, max_length=QUALIFIED_NAME_MAX)
+    key: str | None = Field(default=None, max_length=QUALIFIED_NAME_MAX, pattern=PRINTABLE)
     operator: TolerationOperator | None = None
-    value: str | None = Field(default=None, max_length=LABEL_VALUE_MAX)
+    value: str | None = Field(default=None, max_length=LABEL_VALUE_MAX, pattern=PRINTABLE)
     effect: TaintEffect | None = None
     tolerationSeconds: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
 
@@ -443,7 +470,13 @@ class Toleration(_Model):
 class TritonSpec(_Model):
     """The Triton pods."""
 
-    image: str = Field(default=DEFAULT_TRITON_IMAGE, min_length=1, max_length=1024, description="Triton server image.")
+    image: str = Field(
+        default=DEFAULT_TRITON_IMAGE,
+        min_length=1,
+        max_length=PATH_MAX,
+        pattern=PRINTABLE,
+        description="Triton server image.",
+    )
     gpusPerReplica: int = Field(
         default=1,
         ge=0,
@@ -454,14 +487,14 @@ class TritonSpec(_Model):
         default_factory=ResourceRequirements,
         description="Extra resources; nvidia.com/gpu, if given, must equal gpusPerReplica in requests and limits.",
     )
-    nodeSelector: dict[QualifiedName, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] = Field(
-        default_factory=dict, max_length=64, description="Node labels the Triton pods must run on."
+    nodeSelector: dict[QualifiedName, Annotated[str, Field(max_length=LABEL_VALUE_MAX, pattern=PRINTABLE)]] = Field(
+        default_factory=dict, max_length=32, description="Node labels the Triton pods must run on."
     )
     tolerations: list[Toleration] = Field(
-        default_factory=list, max_length=64, description="Tolerations of the Triton pods."
+        default_factory=list, max_length=16, description="Tolerations of the Triton pods."
     )
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list, max_length=64, description="Extra tritonserver arguments."
+    args: list[Annotated[str, Field(max_length=PATH_MAX, pattern=PRINTABLE)]] = Field(
+        default_factory=list, max_length=16, description="Extra tritonserver arguments."
     )
 
 
