@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 
 from batchfill.adapters import operator_metrics
+from batchfill.adapters.informer import CachedView, ChildCaches
 from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError, RateLimiter
 from batchfill.adapters.metrics import PrometheusSignals
 from batchfill.adapters.pod_stats import PodBatchStats, PodStatsError, read_pod_batch_stats
@@ -77,9 +78,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         max_age_s=ours.reconcile_interval_s,  # the scaling loop starts each pass with a fresh query set
     )
     operator_metrics.serve(ours.metrics_port)
-    memo.scaling_loop = ScalingLoop(memo.kube, memo.signal_hub, ours)
+    # the loops read every model's Deployment and pods each pass: from watch-backed caches, not a LIST per pass
+    scopes = len(ours.exact_namespaces) or 1
+    memo.child_caches = ChildCaches(
+        memo.kube.watch_client(2 * scopes + 2), CHILDREN_SELECTOR, ours.exact_namespaces,
+        max_stale_s=2 * ours.reconcile_interval_s,
+    ).start()  # fmt: skip
+    memo.scaling_loop = ScalingLoop(memo.kube, memo.signal_hub, ours, memo.child_caches)
     memo.scaling_loop.start()
-    memo.profiling_loop = ProfilingLoop(memo.kube, ours)
+    memo.profiling_loop = ProfilingLoop(memo.kube, ours, memo.child_caches)
     memo.profiling_loop.start()
 
 
@@ -87,9 +94,10 @@ def _log_event(namespace: str, name: str, type_: str, reason: str, message: str)
     log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s/%s %s: %s", namespace, name, reason, message)
 
 
-def _emitter(body: Any) -> Any:
+def _emitter(body: Any, kube: Kube) -> Any:
+    # through the operator's own (rate-limited) client, not kopf.event: kopf's requests have no client-side limit
     def emit(type_: str, reason: str, message: str) -> None:
-        kopf.event(body, type=type_, reason=reason, message=message[:1024])
+        kube.post_event(body, type_, reason, message)
         _log_event(body["metadata"]["namespace"], body["metadata"]["name"], type_, reason, message)
 
     return emit
@@ -105,8 +113,9 @@ def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
 
 
 def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int) -> None:
+    emit = _emitter(body, kube)
     try:
-        changes = reconcile(body, kube, now=time.time(), emit=_emitter(body))
+        changes = reconcile(body, kube, now=time.time(), emit=emit)
     except SpecRejectedError as rejected:
         for key, value in rejected.status.items():
             patch.status[key] = value
@@ -114,7 +123,7 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int) -> No
     except KubeTemporaryError as err:
         raise kopf.TemporaryError(str(err), delay=err.delay_s * min(2**retry, 12)) from None
     except KubePermanentError as err:
-        kopf.event(body, type="Warning", reason="ApplyRejected", message=str(err)[:1024])
+        emit("Warning", "ApplyRejected", str(err))
         # a condition too, or `kubectl get bm` would show the previous generation's plan as if it were served
         problem = Problem("spec", f"the API server rejected a child object built from it: {err}")
         failed = rejection_status(SpecError([problem], reason="ApplyRejected"), body.get("status") or {},
@@ -144,12 +153,12 @@ class _PeriodicLoop:
     """
 
     name = "loop"
-    #: What a pass reads of every model's children (listed at the start of the pass).
+    #: What a pass reads of every model's children (their caches must be current for the pass to run).
     kinds: tuple[str, ...] = ("pods", "deployments")
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, interval_s: float) -> None:
-        self.kube, self.settings, self.interval_s = kube, settings, interval_s
-        self.view: Kube = kube  # this pass's reads (tick replaces it with a PassSnapshot)
+    def __init__(self, kube: Kube, settings: OperatorSettings, interval_s: float, caches: ChildCaches) -> None:
+        self.kube, self.settings, self.interval_s, self.caches = kube, settings, interval_s, caches
+        self.view = CachedView(kube, caches)  # the Deployments' and pods' reads: from the watch caches
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"batchfill-{self.name}", daemon=True)
 
@@ -178,30 +187,24 @@ class _PeriodicLoop:
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("%s pass postponed: %s", self.name, err)
             return
-        # one paginated LIST per kind (per namespace in a namespaced install) serves every model's reads in the pass
-        view = self.kube.snapshot(CHILDREN_SELECTOR, self.settings.exact_namespaces)
         try:
-            view.prefetch(self.kinds)
+            self.view.check(self.kinds)  # the children's caches are listed and their watches current
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("%s pass postponed: %s", self.name, err)
             return
-        self.view = view
         self._begin_pass()
         seen = set()
-        try:
-            for body in models:
-                meta = body["metadata"]
-                if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
-                    continue
-                seen.add(meta["uid"])
-                try:
-                    self._one(body, now)
-                except (KubeTemporaryError, KubePermanentError):
-                    raise
-                except Exception:  # one model's bad data (a hand-edited status) must not stop the pass for the others
-                    log.exception("%s of %s/%s failed", self.name, meta["namespace"], meta["name"])
-        finally:
-            self.view = self.kube  # the snapshot's lists are garbage between passes, not memory held for 15 s
+        for body in models:
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp") or not _watched(self.settings, meta["namespace"]):
+                continue
+            seen.add(meta["uid"])
+            try:
+                self._one(body, now)
+            except (KubeTemporaryError, KubePermanentError):
+                raise
+            except Exception:  # one model's bad data (a hand-edited status) must not stop the pass for the others
+                log.exception("%s of %s/%s failed", self.name, meta["namespace"], meta["name"])
         self._forget(seen)
 
     def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -247,8 +250,8 @@ class ScalingLoop(_PeriodicLoop):
 
     name = "scaling"
 
-    def __init__(self, kube: Kube, hub: SignalHub, settings: OperatorSettings) -> None:
-        super().__init__(kube, settings, settings.reconcile_interval_s)
+    def __init__(self, kube: Kube, hub: SignalHub, settings: OperatorSettings, caches: ChildCaches) -> None:
+        super().__init__(kube, settings, settings.reconcile_interval_s, caches)
         self.hub = hub
         self.history: dict[str, tuple[Any, ...]] = {}  # uid -> decision history (lost on restart: see policy)
         self.last_tick: dict[str, float] = {}
@@ -340,8 +343,8 @@ class ProfilingLoop(_PeriodicLoop):
     name = "profiling"
     kinds = ("pods",)
 
-    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
-        super().__init__(kube, settings, settings.profile_interval_s)
+    def __init__(self, kube: Kube, settings: OperatorSettings, caches: ChildCaches) -> None:
+        super().__init__(kube, settings, settings.profile_interval_s, caches)
         self.baselines: dict[str, dict[str, PodBatchStats]] = {}  # model uid -> pod uid -> first statistics read
         self.unread: set[tuple[str, str]] = set()  # (model uid, pod IP) whose last statistics read failed
         self.unread_warned: dict[str, float] = {}  # model uid -> when StatisticsUnavailable was last posted
@@ -465,7 +468,7 @@ def _host(ip: str) -> str:
 
 @kopf.on.cleanup()
 def stop_scaling(memo: kopf.Memo, **_: Any) -> None:
-    for attr in ("scaling_loop", "profiling_loop"):
+    for attr in ("scaling_loop", "profiling_loop", "child_caches"):
         loop = getattr(memo, attr, None)
         if loop is not None:
             loop.stop()

@@ -131,6 +131,16 @@ def test_etcd_and_api_server_killed_under_the_operator(kube: Kube, operator: Ope
             240,
         )
         assert bm["metadata"]["generation"] == 2
+        # the scaling loop's caches of Deployments and pods watch again: a Deployment deleted now is seen as gone
+        # (a cache stuck before the outage would still hold it, and the loop would never re-create it)
+        before = children(kube, ns, "outage")["deployment"].metadata.uid
+        kube.apps.delete_namespaced_deployment("outage-triton", ns)
+        until(
+            "the Deployment re-created by the scaling loop after the outage",
+            lambda: children(kube, ns, "outage").get("deployment"),
+            lambda d: d is not None and d.metadata.uid != before,
+            90,
+        )
         assert operator.alive()
 
 

@@ -8,8 +8,8 @@ permanent (the API server rejected the object: retrying cannot help).
 
 from __future__ import annotations
 
+import copy
 import datetime
-import functools
 import logging
 import threading
 import time
@@ -201,6 +201,7 @@ def limit_requests(api: client.ApiClient, limiter: RateLimiter) -> client.ApiCli
         return call(*args, **kwargs)
 
     api.call_api = limited  # type: ignore[method-assign]
+    api.batchfill_limiter = limiter  # type: ignore[attr-defined]  # shared by Kube.watch_client's clients
     return api
 
 
@@ -305,10 +306,15 @@ class Kube:
             raise _classify(e, what) from None
         return _items(resp, what)
 
-    def snapshot(self, selector: str, namespaces: tuple[str, ...] = ()) -> PassSnapshot:
-        """A read view for one loop pass (``namespaces``: the exact ones served, empty for all): see
-        :class:`PassSnapshot`."""
-        return PassSnapshot(self, selector, namespaces)
+    def watch_client(self, connections: int) -> client.ApiClient:
+        """Another client with the same credentials and rate limiter, whose pool holds ``connections`` connections:
+        long-lived WATCHes must not take the connections the loops' requests use."""
+        api = self.api
+        config = copy.copy(api.configuration)
+        config.connection_pool_maxsize = max(connections, 1)
+        watcher = client.ApiClient(config)
+        limiter = getattr(api, "batchfill_limiter", None)
+        return limit_requests(watcher, limiter) if limiter is not None else watcher
 
     def scale_deployment(self, name: str, namespace: str, replicas: int) -> None:
         """Set replicas through the Deployment's scale subresource."""
@@ -403,109 +409,6 @@ class Kube:
             log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], e)
 
 
-#: Items per page of a pass's LISTs: each page is parsed and trimmed before the next is read, so a pass holds one
-#: page of whole objects at a time, not the fleet's.
+#: Items per page of a LIST of children: each page is parsed and trimmed before the next is read, so a LIST holds
+#: one page of whole objects at a time, not the fleet's.
 LIST_PAGE_SIZE = 250
-_TRIM: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {"pods": _trim_pod, "deployments": _trim_deployment}
-
-
-class PassSnapshot(Kube):
-    """The reads of one loop pass over many BatchedModels, served from one paginated LIST per kind.
-
-    A pass asks, per model, for its Deployment and its pods. Answered one by one that is a GET and a LIST per
-    model per pass (2,000 requests every 15 s for 1,000 models, far past a client's rate limit); here the
-    Deployments and the pods that carry ``selector`` (the labels every BatchedModel child has) are listed once,
-    on first use, and filtered in memory: across the cluster when the operator serves every namespace
-    (``namespaces`` empty), else namespace by namespace (a namespaced install may list only its own). Pages of
-    :data:`LIST_PAGE_SIZE` are trimmed to :data:`DEPLOYMENT_FIELDS` / :data:`POD_FIELDS` as they arrive. A LIST
-    that fails fails every later read of that kind and scope in the pass without asking again (no request storm
-    while the API is down). The view is as old as the pass: writes go straight to the API through the same
-    client, and a new pass takes a new snapshot. Everything else is :class:`Kube`'s.
-    """
-
-    def __init__(self, kube: Kube, selector: str, namespaces: tuple[str, ...] = ()) -> None:
-        super().__init__(kube.api)
-        self._kinds = kube._kinds  # share the discovery answers, client and lock: costly to rebuild, not thread-safe
-        self._discovery = kube._discovery
-        self._dynamic = kube.dynamic
-        self.selector = selector
-        self.namespaces = namespaces
-        # (kind, scope: a namespace, or "" for the cluster) -> namespace -> trimmed items, or the LIST's error
-        self._lists: dict[tuple[str, str], dict[str, list[dict[str, Any]]] | Exception] = {}
-        self._deployment_names: dict[str, dict[Any, dict[str, Any]]] = {}  # namespace -> name -> Deployment
-
-    def prefetch(self, kinds: tuple[str, ...] = ("pods", "deployments")) -> None:
-        """List ``kinds`` now for every namespace served. Raises when every LIST of a kind failed (the API is down:
-        the pass cannot be made); a namespace whose LIST failed alone fails only its own models' reads."""
-        for kind in kinds:
-            errors = []
-            for ns in self.namespaces or ("",):
-                try:
-                    self._by_namespace(kind, ns)
-                except (KubeTemporaryError, KubePermanentError) as err:
-                    errors.append(err)
-            if errors and len(errors) == len(self.namespaces or ("",)):
-                raise errors[0]
-
-    def _by_namespace(self, kind: str, namespace: str) -> dict[str, list[dict[str, Any]]]:
-        key = (kind, namespace if self.namespaces else "")
-        if key not in self._lists:
-            try:
-                grouped: dict[str, list[dict[str, Any]]] = {}
-                for item in self._list_paged(kind, key[1]):
-                    grouped.setdefault((item.get("metadata") or {}).get("namespace") or key[1], []).append(item)
-                self._lists[key] = grouped
-            except (KubeTemporaryError, KubePermanentError) as err:
-                self._lists[key] = err
-        found = self._lists[key]
-        if isinstance(found, Exception):
-            raise found
-        return found
-
-    def _list_paged(self, kind: str, namespace: str) -> list[dict[str, Any]]:
-        """Every ``kind`` ("pods" or "deployments") with the selector, in ``namespace`` ("" for all), trimmed."""
-        call: Callable[..., Any]
-        if kind == "pods":
-            core = client.CoreV1Api(self.api)
-            call = (
-                functools.partial(core.list_namespaced_pod, namespace)
-                if namespace
-                else core.list_pod_for_all_namespaces
-            )
-        else:
-            apps = client.AppsV1Api(self.api)
-            call = (
-                functools.partial(apps.list_namespaced_deployment, namespace)
-                if namespace
-                else apps.list_deployment_for_all_namespaces
-            )
-        what = f"list {kind} {namespace or 'in all namespaces'}"
-        trim, items, token = _TRIM[kind], list[dict[str, Any]](), ""
-        while True:
-            extra: dict[str, Any] = {"_continue": token} if token else {}
-            try:
-                resp = call(label_selector=self.selector, limit=LIST_PAGE_SIZE, _preload_content=False, **extra)
-            except (ApiException, HTTPError) as e:
-                raise _classify(e, what) from None
-            page, token = _page(resp, what)
-            items.extend(trim(i) for i in page)
-            if not token:
-                return items
-
-    def list_pods(self, namespace: str, selector: Mapping[str, str] | str) -> list[dict[str, Any]]:
-        if isinstance(selector, str):  # not expressible as equalities to filter on: ask the API
-            return super().list_pods(namespace, selector)
-        return [p for p in self._by_namespace("pods", namespace).get(namespace, ()) if _matches(p, selector)]
-
-    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
-        if (api_version, kind) != ("apps/v1", "Deployment"):
-            return super().get(api_version, kind, name, namespace)
-        index = self._deployment_names.get(namespace)
-        if index is None:
-            listed = self._by_namespace("deployments", namespace).get(namespace, ())
-            index = self._deployment_names[namespace] = {(d.get("metadata") or {}).get("name"): d for d in listed}
-        found = index.get(name)
-        if found is not None:
-            return found
-        # not labelled as ours (made by hand, or before the labels): ask for it by name
-        return super().get(api_version, kind, name, namespace)
