@@ -406,7 +406,9 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
     )
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     import batchfill.handlers  # noqa: F401  (registers the handlers)
-    from batchfill.adapters import operator_metrics
+    from batchfill.adapters import memory, operator_metrics
+
+    memory.limit_arenas()  # before any of the operator's threads allocates
 
     elector = None
     if settings.leader_election:

@@ -23,7 +23,7 @@ from typing import Any
 
 import kopf
 
-from batchfill.adapters import operator_metrics
+from batchfill.adapters import memory, operator_metrics
 from batchfill.adapters.informer import CachedView, ChildCaches
 from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError, RateLimiter
 from batchfill.adapters.metrics import PrometheusSignals
@@ -178,6 +178,7 @@ class _PeriodicLoop:
             except Exception:  # a bug in one pass must not end the loop for good
                 log.exception("%s pass failed", self.name)
             operator_metrics.observe_pass(self.name, time.monotonic() - started)
+            memory.release_free_memory()  # the pass's garbage: back to the OS, not kept in a thread's arena
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
     def tick(self, now: float) -> None:
