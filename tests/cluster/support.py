@@ -322,3 +322,53 @@ def rbac_denials(operator_log: str, namespace: str = "batchfill-system", account
     """
     user = f'User "system:serviceaccount:{namespace}:{account}"'
     return [line for line in operator_log.splitlines() if user in line]
+
+
+class DenyPolicy:
+    """A ValidatingAdmissionPolicy and its binding that refuse ``operations`` on ``resources`` (``group/resource``
+    or ``group/resource/subresource``) in ``namespace`` with ``message``: the real API server refusing a write, as
+    a platform team's policy would. ``remove()`` is idempotent."""
+
+    def __init__(
+        self, kube: Kube, namespace: str, name: str, resources: list[str], operations: list[str], message: str
+    ):
+        self.adm = client.AdmissionregistrationV1Api(kube.api)
+        self.name, self.message = name, message
+        rules = [
+            {"apiGroups": [r.split("/", 1)[0]], "apiVersions": ["v1"], "operations": operations,
+             "resources": [r.split("/", 1)[1]]}
+            for r in resources
+        ]  # fmt: skip
+        self.adm.create_validating_admission_policy(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": rules},
+                    "validations": [{"expression": "false", "message": message}],
+                },
+            }
+        )
+        self.adm.create_validating_admission_policy_binding(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                    },
+                },
+            }
+        )
+
+    def remove(self) -> None:
+        for delete in (
+            self.adm.delete_validating_admission_policy_binding,
+            self.adm.delete_validating_admission_policy,
+        ):
+            try:
+                delete(self.name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise

@@ -18,14 +18,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters import devcluster
 from batchfill.demo import install_operator_rbac
 
 from .conftest import USE_EXISTING
-from .support import Kube, Operator, model_volume, temp_namespace, until, wait_for
+from .support import DenyPolicy, Kube, Operator, model_volume, temp_namespace, until, wait_for
 from .test_operator import GROUP, PLURAL, VERSION, batched_model, children, condition, custom, get_bm, is_true
 
 pytestmark = pytest.mark.cluster
@@ -207,35 +206,8 @@ def test_a_child_the_api_server_refuses_gives_a_condition(kube: Kube, operator: 
     with temp_namespace(kube, prefix="bf-chaos-") as ns:
         model_volume(kube, ns)
         name = f"deny-deployments-{ns}"
-        adm = client.AdmissionregistrationV1Api(kube.api)
-        adm.create_validating_admission_policy(
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {
-                        "resourceRules": [
-                            {
-                                "apiGroups": ["apps"],
-                                "apiVersions": ["v1"],
-                                "operations": ["CREATE", "UPDATE"],
-                                "resources": ["deployments"],
-                            }
-                        ]
-                    },
-                    "validations": [{"expression": "false", "message": "no Deployments here (test policy)"}],
-                },
-            }
-        )
-        adm.create_validating_admission_policy_binding(
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "policyName": name,
-                    "validationActions": ["Deny"],
-                    "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
-                },
-            }
+        deny = DenyPolicy(
+            kube, ns, name, ["apps/deployments"], ["CREATE", "UPDATE"], "no Deployments here (test policy)"
         )
         try:
             time.sleep(2)  # the policy reaches the API server's cache
@@ -252,8 +224,7 @@ def test_a_child_the_api_server_refuses_gives_a_condition(kube: Kube, operator: 
             assert "no Deployments here (test policy)" in planned["message"]
             assert bm["status"]["observedGeneration"] == bm["metadata"]["generation"]
         finally:
-            adm.delete_validating_admission_policy_binding(name)
-            adm.delete_validating_admission_policy(name)
+            deny.remove()
         assert operator.alive()
 
 

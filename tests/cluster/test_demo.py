@@ -43,6 +43,21 @@ def _demo(run_dir: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
+    """The demo's output up to and including the first line holding ``marker`` (or all of it, if it ends first)."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if marker in line:
+            break
+    return "".join(lines)
+
+
 def _survivors(run_dir: Path) -> list[str]:
     """Processes whose command line or KUBECONFIG mentions ``run_dir`` (tritonservers, etcd, the operator...)."""
     found = []
@@ -90,17 +105,7 @@ def test_demo_serves_the_example_within_its_sla_and_cleans_up(tmp_path: Path) ->
 def test_demo_keep_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     run_dir = tmp_path / "demo"
     proc = _demo(run_dir, "--duration", "3", "--keep")
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C stops everything" in line:
-            break
-    text = "".join(lines)
+    text = _read_until(proc, "Ctrl-C stops everything", 600)
     assert "the demo stays up" in text, text[-6000:]
     kubeconfig = re.search(r"export KUBECONFIG=(\S+)", text)
     assert kubeconfig, text
@@ -121,17 +126,8 @@ def test_demo_stops_everything_on_sigterm_and_exits_143(tmp_path: Path) -> None:
     # What a CI job's timeout or `kill` sends: the same cleanup as Ctrl-C, and 128 + SIGTERM like `batchfill serve`.
     run_dir = tmp_path / "demo"
     proc = _demo(run_dir, "--duration", "3")
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "dev cluster up" in line:
-            break
-    assert _survivors(run_dir), "".join(lines)[-4000:]  # the control plane is running when the signal comes
+    text = _read_until(proc, "dev cluster up", 300)
+    assert _survivors(run_dir), text[-4000:]  # the control plane is running when the signal comes
     os.kill(proc.pid, signal.SIGTERM)  # the demo process only, as a supervisor would
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, rest[-4000:]

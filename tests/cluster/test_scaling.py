@@ -43,7 +43,7 @@ from batchfill.adapters.prometheus_local import LocalPrometheus, ScrapeTarget
 from batchfill.demo import PodTritons
 
 from .conftest import USE_EXISTING
-from .support import Kube, Operator, model_volume, rbac_denials, temp_namespace, until
+from .support import DenyPolicy, Kube, Operator, model_volume, rbac_denials, temp_namespace, until
 
 pytestmark = [
     pytest.mark.cluster,
@@ -528,15 +528,6 @@ def test_operator_killed_between_status_and_scale_converges_without_double_scali
     # operator's server-side apply of its template) is not.
     denied = "no scaling here (test policy)"
     policy = f"deny-scale-{lab.ns}"
-    adm = client.AdmissionregistrationV1Api(lab.kube.api)
-
-    def remove_policy() -> None:
-        for delete in (adm.delete_validating_admission_policy_binding, adm.delete_validating_admission_policy):
-            try:
-                delete(policy)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
 
     def events() -> list[Any]:
         items = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
@@ -554,35 +545,7 @@ def test_operator_killed_between_status_and_scale_converges_without_double_scali
         assert lab.operator.alive(), f"the operator exited ({proc and proc.returncode}) before the test killed it"
         return lab.bm(name)["status"], lab.replicas(name)
 
-    adm.create_validating_admission_policy(
-        {
-            "metadata": {"name": policy},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": ["apps"],
-                            "apiVersions": ["v1"],
-                            "operations": ["UPDATE"],
-                            "resources": ["deployments/scale"],
-                        }
-                    ]
-                },
-                "validations": [{"expression": "false", "message": denied}],
-            },
-        }
-    )
-    adm.create_validating_admission_policy_binding(
-        {
-            "metadata": {"name": policy},
-            "spec": {
-                "policyName": policy,
-                "validationActions": ["Deny"],
-                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": lab.ns}}},
-            },
-        }
-    )
+    deny = DenyPolicy(lab.kube, lab.ns, policy, ["apps/deployments/scale"], ["UPDATE"], denied)
     try:
         time.sleep(2)  # the policy reaches the API server's cache; then checked:
         until("the scale subresource refused", scale_refused, bool, 30)
@@ -598,7 +561,7 @@ def test_operator_killed_between_status_and_scale_converges_without_double_scali
         until("the refused scale call in the operator's log", lambda: denied in lab.operator.log(), bool, 15)
         lab.operator.kill()
         before_kill = [(e.reason, e.message) for e in events()]
-        remove_policy()
+        deny.remove()
 
         # the operator is dead: nothing scales (the API server would now accept the scale call)
         dead: list[int] = []
@@ -650,7 +613,7 @@ def test_operator_killed_between_status_and_scale_converges_without_double_scali
             f"{[(e.reason, e.message) for e in after]}; lastScaleReason now {status.get('lastScaleReason')}"
         )
     finally:
-        remove_policy()
+        deny.remove()
         lab.load.set_rate(0)
         if not lab.operator.alive():  # failed while it was dead: the later tests need it
             lab.start_operator()
