@@ -157,7 +157,7 @@ class _PeriodicLoop:
     kinds: tuple[str, ...] = ("pods", "deployments")
 
     def __init__(self, kube: Kube, settings: OperatorSettings, interval_s: float, caches: ChildCaches) -> None:
-        self.kube, self.settings, self.interval_s, self.caches = kube, settings, interval_s, caches
+        self.kube, self.settings, self.interval_s = kube, settings, interval_s
         self.view = CachedView(kube, caches)  # the Deployments' and pods' reads: from the watch caches
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"batchfill-{self.name}", daemon=True)

@@ -533,8 +533,9 @@ def scale_tick(
     target_replicas = decision.desired_replicas if decision.apply else current
     events: list[tuple[str, str, str]] = []
     if restored is not None:
-        others = sorted(set(replicas_managers(deployment)) - {FIELD_MANAGER})
-        if others or not replicas_managers(deployment):
+        managers = replicas_managers(deployment)
+        others = sorted(set(managers) - {FIELD_MANAGER})
+        if others or not managers:
             by = f" by {', '.join(others)}" if others else ""
             events.append(("Normal", "ManualScaleReverted", f"Deployment replicas {restored} were set outside "
                            f"batchfill{by}; scaling.mode Auto owns them: set {target_replicas} (use scaling.mode "

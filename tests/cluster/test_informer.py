@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from batchfill.adapters import informer as informer_module
 from batchfill.adapters import kube as kube_adapter
 from batchfill.adapters.informer import CachedView, ChildCaches, Informer
 from batchfill.reconcile import pod_counts, ready_pod_ips, replicas_managers
@@ -50,7 +51,7 @@ def test_the_caches_answer_like_the_api_and_follow_changes(
     kube: Kube, namespaces: tuple[str, str], monkeypatch: pytest.MonkeyPatch, scope: str
 ) -> None:
     ns, other = namespaces
-    monkeypatch.setattr(kube_adapter, "LIST_PAGE_SIZE", 1)  # every item on a page of its own: pages are followed
+    monkeypatch.setattr(informer_module, "LIST_PAGE_SIZE", 1)  # every item on a page of its own: pages are followed
     ours = kube_adapter.Kube(kube.api)
     caches = ChildCaches(ours.watch_client(6), CHILDREN_SELECTOR, (ns, other) if scope == "namespaced" else ())
     caches.start()

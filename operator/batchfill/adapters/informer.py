@@ -26,14 +26,12 @@ from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import HTTPError
 
 from batchfill.adapters.kube import (
-    LIST_PAGE_SIZE,
     Kube,
     KubePermanentError,
     KubeTemporaryError,
     _classify,
+    _document,
     _matches,
-    _trim_deployment,
-    _trim_pod,
 )
 
 log = logging.getLogger(__name__)
@@ -43,6 +41,68 @@ log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 300
 #: Backoff after a failed LIST or WATCH, seconds (doubling up to the last).
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+#: Items per page of a LIST: each page is parsed and trimmed before the next is read, so a LIST holds one page of
+#: whole objects at a time, not the fleet's.
+LIST_PAGE_SIZE = 250
+
+#: A tree of the fields to keep: ``True`` keeps a field whole, a dict keeps those of its sub-fields.
+Fields = Mapping[str, "bool | Fields"]
+
+
+def pick(obj: Mapping[str, Any], fields: Fields) -> dict[str, Any]:
+    """The part of ``obj`` named by ``fields`` (absent fields stay absent; a non-object where an object is
+    expected is dropped)."""
+    out: dict[str, Any] = {}
+    for name, sub in fields.items():
+        if name not in obj:
+            continue
+        value = obj[name]
+        if sub is True:
+            out[name] = value
+        elif isinstance(value, Mapping) and isinstance(sub, Mapping):
+            out[name] = pick(value, sub)
+    return out
+
+
+def _replicas_entries(managed: Any) -> list[dict[str, Any]]:
+    """managedFields reduced to who owns ``spec.replicas`` (an apply entry otherwise lists the whole template)."""
+    out = []
+    for entry in managed if isinstance(managed, list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        spec = (entry.get("fieldsV1") or {}).get("f:spec")
+        owns = isinstance(spec, Mapping) and "f:replicas" in spec
+        kept = pick(entry, {"manager": True, "operation": True, "subresource": True, "time": True})
+        out.append(kept | {"fieldsV1": {"f:spec": {"f:replicas": {}}} if owns else {}})
+    return out
+
+
+#: What the loops read of a Triton Deployment: its replicas, the pod template's config hash and labels, who set
+#: the replicas, and its status.
+DEPLOYMENT_FIELDS: Fields = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "generation": True},
+    "spec": {"replicas": True, "template": {"metadata": {"labels": True, "annotations": True}}},
+    "status": True,
+}
+#: What the loops read of a Triton pod: readiness, the scheduler's reason, its IPs.
+POD_FIELDS: Fields = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "deletionTimestamp": True},
+    "status": {"phase": True, "conditions": True, "podIP": True, "podIPs": True},
+}
+
+
+def _trim_deployment(obj: Mapping[str, Any]) -> dict[str, Any]:
+    out = pick(obj, DEPLOYMENT_FIELDS)
+    out.setdefault("metadata", {})["managedFields"] = _replicas_entries(
+        (obj.get("metadata") or {}).get("managedFields")
+    )
+    return out
+
+
+def _trim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return pick(obj, POD_FIELDS)
+
 
 Trim = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -259,16 +319,6 @@ class Informer:
     def _put(store: dict[str, dict[str, dict[str, Any]]], item: dict[str, Any]) -> None:
         meta = item.get("metadata") or {}
         store.setdefault(str(meta.get("namespace") or ""), {})[str(meta.get("name") or "")] = item
-
-
-def _document(resp: Any, what: str) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(resp.data)
-    except (orjson.JSONDecodeError, AttributeError, TypeError) as e:
-        raise KubeTemporaryError(f"{what}: unreadable response: {e}") from None
-    if not isinstance(doc, dict):
-        raise KubeTemporaryError(f"{what}: unreadable response: not an object")
-    return doc
 
 
 class ChildCaches:

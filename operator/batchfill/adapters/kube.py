@@ -58,83 +58,24 @@ def _matches(obj: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     return all(have.get(k) == v for k, v in labels.items())
 
 
-def _page(resp: Any, what: str) -> tuple[list[dict[str, Any]], str]:
-    """The ``items`` of a list response read as plain JSON (camelCase, as the API sends them), and its
-    ``metadata.continue`` token ("" on the last page).
+def _document(resp: Any, what: str) -> dict[str, Any]:
+    """A response read as plain JSON (camelCase, as the API sends it), by orjson.
 
     The typed client would build a model object per item and the loops would turn it back into a dict: at 1,000
-    models that round trip was ~70 % of a scaling pass (py-spy, benchmarks/scale.py). Parsing itself was then
-    ~40 % with the standard library's json; orjson parses the same text several times faster.
+    models that round trip was ~70 % of a scaling pass (py-spy, benchmarks/scale.py).
     """
     try:
         doc = orjson.loads(resp.data)
-        items = doc.get("items") or []
-        token = str((doc.get("metadata") or {}).get("continue") or "")
     except (orjson.JSONDecodeError, AttributeError, TypeError) as e:
         raise KubeTemporaryError(f"{what}: unreadable response: {e}") from None
-    return [i for i in items if isinstance(i, dict)], token
+    if not isinstance(doc, dict):
+        raise KubeTemporaryError(f"{what}: unreadable response: not an object")
+    return doc
 
 
 def _items(resp: Any, what: str) -> list[dict[str, Any]]:
-    return _page(resp, what)[0]
-
-
-#: A tree of the fields to keep: ``True`` keeps a field whole, a dict keeps those of its sub-fields.
-Fields = Mapping[str, "bool | Fields"]
-
-
-def pick(obj: Mapping[str, Any], fields: Fields) -> dict[str, Any]:
-    """The part of ``obj`` named by ``fields`` (absent fields stay absent; a non-object where an object is
-    expected is dropped)."""
-    out: dict[str, Any] = {}
-    for name, sub in fields.items():
-        if name not in obj:
-            continue
-        value = obj[name]
-        if sub is True:
-            out[name] = value
-        elif isinstance(value, Mapping) and isinstance(sub, Mapping):
-            out[name] = pick(value, sub)
-    return out
-
-
-def _replicas_entries(managed: Any) -> list[dict[str, Any]]:
-    """managedFields reduced to who owns ``spec.replicas`` (an apply entry otherwise lists the whole template)."""
-    out = []
-    for entry in managed if isinstance(managed, list) else []:
-        if not isinstance(entry, Mapping):
-            continue
-        spec = (entry.get("fieldsV1") or {}).get("f:spec")
-        owns = isinstance(spec, Mapping) and "f:replicas" in spec
-        kept = pick(entry, {"manager": True, "operation": True, "subresource": True, "time": True})
-        out.append(kept | {"fieldsV1": {"f:spec": {"f:replicas": {}}} if owns else {}})
-    return out
-
-
-#: What the loops read of a Triton Deployment: its replicas, the pod template's config hash and labels, who set
-#: the replicas, and its status.
-DEPLOYMENT_FIELDS: Fields = {
-    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "generation": True},
-    "spec": {"replicas": True, "template": {"metadata": {"labels": True, "annotations": True}}},
-    "status": True,
-}
-#: What the loops read of a Triton pod: readiness, the scheduler's reason, its IPs.
-POD_FIELDS: Fields = {
-    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "deletionTimestamp": True},
-    "status": {"phase": True, "conditions": True, "podIP": True, "podIPs": True},
-}
-
-
-def _trim_deployment(obj: Mapping[str, Any]) -> dict[str, Any]:
-    out = pick(obj, DEPLOYMENT_FIELDS)
-    out.setdefault("metadata", {})["managedFields"] = _replicas_entries(
-        (obj.get("metadata") or {}).get("managedFields")
-    )
-    return out
-
-
-def _trim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return pick(obj, POD_FIELDS)
+    """The ``items`` of a list response (see :func:`_document`)."""
+    return [i for i in _document(resp, what).get("items") or [] if isinstance(i, dict)]
 
 
 def load_config(kubeconfig: str | None = None) -> None:
@@ -291,17 +232,11 @@ class Kube:
     def list_pods(self, namespace: str, selector: Mapping[str, str] | str) -> list[dict[str, Any]]:
         """Pods matching the label selector (``{key: value}`` equalities, or a selector string)."""
         label_selector = selector if isinstance(selector, str) else _selector(selector)
-        return self._list(client.CoreV1Api(self.api).list_namespaced_pod, namespace, label_selector, "pods")
-
-    def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        """Deployments matching the label selector string."""
-        return self._list(client.AppsV1Api(self.api).list_namespaced_deployment, namespace, selector, "Deployments")
-
-    @staticmethod
-    def _list(call: Callable[..., Any], namespace: str, selector: str, kind: str) -> list[dict[str, Any]]:
-        what = f"list {kind} {namespace}"
+        what = f"list pods {namespace}"
         try:
-            resp = call(namespace, label_selector=selector, _preload_content=False)
+            resp = client.CoreV1Api(self.api).list_namespaced_pod(
+                namespace, label_selector=label_selector, _preload_content=False
+            )
         except (ApiException, HTTPError) as e:
             raise _classify(e, what) from None
         return _items(resp, what)
@@ -407,8 +342,3 @@ class Kube:
             client.CoreV1Api(self.api).create_namespaced_event(meta["namespace"], event)
         except (ApiException, HTTPError) as e:
             log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], e)
-
-
-#: Items per page of a LIST of children: each page is parsed and trimmed before the next is read, so a LIST holds
-#: one page of whole objects at a time, not the fleet's.
-LIST_PAGE_SIZE = 250
