@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing the Python packages into $(VENV) (first time: a few minutes; tritonserver's wheel is ~1 GB)"
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# Trained OCR weights for the real example model; --no-deps keeps OpenCV & co. out (only the .onnx files are used).

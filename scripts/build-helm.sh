@@ -33,7 +33,9 @@ case "${1:-}" in
   *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
 esac
 
-log() { printf '[build-helm] %s\n' "$*" >&2; }
+PROGRESS_TAG=build-helm
+# shellcheck source=scripts/lib/progress.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
 current() { [ -x "$HELM" ] && [ "$(cat "$OUT/.helm.version" 2>/dev/null || true)" = "$HELM_VERSION" ]; }
 
 if [ "$mode" = check ]; then current && exit 0 || exit 1; fi
@@ -56,16 +58,19 @@ t0=$(date +%s)
 # which a chart's kubeVersion constraint rejects.
 gomod=$(go mod download -json "helm.sh/helm/v3@${HELM_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
 [ -f "$gomod" ] || { log "FAILED: helm.sh/helm/v3@${HELM_VERSION} not on the module proxy"; exit 2; }
-kminor=$(sed -n 's|^[[:space:]]*k8s\.io/client-go v0\.\([0-9]*\)\..*|\1|p' "$gomod" | head -1)
+# sed's own `q`, not `| head -1`: under pipefail a closed pipe would kill sed with SIGPIPE (exit 141).
+kminor=$(sed -n 's|^[[:space:]]*k8s\.io/client-go v0\.\([0-9]*\)\..*|\1|p;T;q' "$gomod")
 [ -n "$kminor" ] || { log "FAILED: no k8s.io/client-go requirement in $gomod"; exit 2; }
 ld="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 for p in pkg/lint/rules pkg/chartutil; do
   ld="$ld -X helm.sh/helm/v3/$p.k8sVersionMajor=1 -X helm.sh/helm/v3/$p.k8sVersionMinor=$kminor"
 done
-log "go install helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
-GOBIN="$TMP" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" \
-  || { log "FAILED: go install helm"; exit 2; }
+trap 'stop_heartbeat; rm -rf "$TMP"' EXIT
+step "helm ${HELM_VERSION}: go install" env GOBIN="$TMP" \
+  go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" \
+  || { log "FAILED: go install helm; fix the cause above and run scripts/build-helm.sh again (Go's caches are kept)"; exit 2; }
 mv -f "$TMP/helm" "$HELM"
 echo "$HELM_VERSION" > "$OUT/.helm.version"
-log "built in $(( $(date +%s) - t0 ))s: $("$HELM" version --short 2>/dev/null || echo '?')"
+v=$("$HELM" version --short 2>&1) || { log "FAILED: the built helm does not run: $v"; exit 2; }
+log "built in $(( $(date +%s) - t0 ))s: $v"
 echo "$HELM"

@@ -44,7 +44,9 @@ case "${1:-}" in
   *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
 esac
 
-log() { printf '[build-k8s] %s\n' "$*" >&2; }
+PROGRESS_TAG=build-k8s
+# shellcheck source=scripts/lib/progress.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/progress.sh"
 
 # --- what is missing ---------------------------------------------------------------------------------------
 current() {  # name version -> 0 when bin/name exists and was built for version
@@ -91,8 +93,13 @@ if [ "$mode" != force ]; then
 fi
 
 TMP=$(mktemp -d "$ROOT/.tmp-bin.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-fail() { log "FAILED: $*"; exit 2; }
+cleanup() { stop_heartbeat; rm -rf "$TMP"; }
+trap cleanup EXIT
+fail() {
+  log "FAILED: $*"
+  log "what to do: read the go output above${LOG_HINT#, }; fix its cause (disk space: df -h ~/.cache; the module proxy: go env GOPROXY; Go >= 1.26) and run scripts/build-k8s.sh again: finished components and Go's caches are kept"
+  exit 2
+}
 gomod_path() {  # module@version -> path of its go.mod in the module cache (downloads .mod only)
   go list -m -json "$1" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p'
 }
@@ -122,23 +129,26 @@ if [ $need_k8s = 1 ]; then
   done
   [ $n -gt 0 ] || fail "found no staging replace directives in $kmod"
   # Keep Kubernetes' own GODEBUG defaults (`godebug k=v` lines and `godebug ( ... )` blocks).
-  { grep '^godebug [^(]' "$kmod" | sed 's/^godebug //'
+  # sed, not grep: a go.mod without such lines must not fail the pipeline under pipefail.
+  { sed -n 's/^godebug \([^(].*\)/\1/p' "$kmod"
     sed -n '/^godebug (/,/^)/p' "$kmod" | sed '1d;$d'; } | while read -r kv _; do
     [ -n "$kv" ] && go mod edit "-godebug=${kv}"
   done
   log "replaced $n staging modules with ${staging}; go get (resolves the module graph through the proxy)"
   pkgs=""; for b in $K8S_BINS; do pkgs="$pkgs k8s.io/kubernetes/cmd/$b"; done
   # shellcheck disable=SC2086
-  go get $(for p in $pkgs; do printf '%s@%s ' "$p" "$K8S_VERSION"; done) || fail "go get k8s.io/kubernetes"
+  step "Kubernetes ${K8S_VERSION}: go get" go get $(for p in $pkgs; do printf '%s@%s ' "$p" "$K8S_VERSION"; done) \
+    || fail "go get k8s.io/kubernetes"
   minor=$(echo "$K8S_VERSION" | cut -d. -f2)
   ld="-s -w"
   for vp in k8s.io/component-base/version k8s.io/client-go/pkg/version; do  # what hack/lib/version.sh stamps
     ld="$ld -X $vp.gitVersion=$K8S_VERSION -X $vp.gitMajor=1 -X $vp.gitMinor=$minor"
     ld="$ld -X $vp.gitTreeState=clean -X $vp.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   done
-  log "go build $K8S_BINS (cold: ~7 min on 2 cores, ~25 s with a warm Go build cache)"
+  log "go build $K8S_BINS (cold: ~20 min on 2 cores, ~25 s with a warm Go build cache)"
   # shellcheck disable=SC2086
-  go build -trimpath -ldflags "$ld" -o "$TMP/" $pkgs || fail "go build Kubernetes components"
+  step "Kubernetes ${K8S_VERSION}: go build $K8S_BINS" go build -trimpath -ldflags "$ld" -o "$TMP/" $pkgs \
+    || fail "go build Kubernetes components"
   install_bins "$K8S_VERSION" $K8S_BINS
   timing="$timing k8s=$(( $(date +%s) - t0 ))s"
 fi
@@ -151,8 +161,9 @@ if [ $need_etcd = 1 ]; then
   rm -f go.mod go.sum
   gover=$(go env GOVERSION | sed 's/^go\([0-9]*\.[0-9]*\).*/\1/')
   printf 'module local.test/etcdbin\n\ngo %s.0\n' "$gover" > go.mod
-  go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" || fail "go get etcd"
-  go build -trimpath -ldflags "-s -w" -o "$TMP/etcd" go.etcd.io/etcd/server/v3 || fail "go build etcd"
+  step "etcd ${ETCD_VERSION}: go get" go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" || fail "go get etcd"
+  step "etcd ${ETCD_VERSION}: go build" go build -trimpath -ldflags "-s -w" -o "$TMP/etcd" go.etcd.io/etcd/server/v3 \
+    || fail "go build etcd"
   install_bins "$ETCD_VERSION" etcd
   timing="$timing etcd=$(( $(date +%s) - t0 ))s"
 fi
@@ -161,8 +172,8 @@ fi
 if [ $need_kwok = 1 ]; then
   t0=$(date +%s)
   log "kwok ${KWOK_VERSION}"
-  GOFLAGS=-buildvcs=false GOBIN="$TMP" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" \
-    || fail "go install kwok"
+  step "kwok ${KWOK_VERSION}: go install" env GOFLAGS=-buildvcs=false GOBIN="$TMP" \
+    go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" || fail "go install kwok"
   install_bins "$KWOK_VERSION" kwok
   # The stages ship in the module zip; copy them out of the (read-only, cleanable) module cache.
   src="$(go env GOMODCACHE)/sigs.k8s.io/kwok@${KWOK_VERSION}/kustomize/stage"
@@ -182,6 +193,10 @@ fi
   echo "LAST_BUILD=\"$(date -u +%Y-%m-%dT%H:%M:%SZ)${timing}\""
 } > "$ROOT/build-info.env"
 log "built:${timing:- nothing}"
-"$OUT/kube-apiserver" --version >&2
-"$OUT/etcd" --version 2>&1 | head -1 >&2
+# No `| head` here: under pipefail a reader that closes the pipe first kills the writer with SIGPIPE (exit 141)
+# after a good build. Capture whole, print the first line.
+v=$("$OUT/kube-apiserver" --version 2>&1) || fail "the built kube-apiserver does not run: $v"
+log "${v%%$'\n'*}"
+v=$("$OUT/etcd" --version 2>&1) || fail "the built etcd does not run: $v"
+log "${v%%$'\n'*}"
 echo "$OUT"

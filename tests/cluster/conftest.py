@@ -48,12 +48,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     tr = config.pluginmanager.get_plugin("terminalreporter")
     log = devcluster.cache_root() / devcluster.K8S_VERSION / "build.log"
-    if tr is not None:
-        tr.write_line(
-            f"cluster tests: building {', '.join(missing)} with scripts/build-k8s.sh (cold: ~9 min); log {log}"
-        )
+    def progress(line: str) -> None:
+        if tr is not None:
+            tr.write_line(f"cluster tests: {line}")
+
     try:
-        path = devcluster.ensure_binaries(Console(stderr=True, quiet=True), log_path=log)
+        path = devcluster.ensure_binaries(Console(stderr=True, quiet=True), log_path=log, progress=progress)
     except devcluster.BinariesUnavailableError as e:
         config.stash[BUILD_ERROR] = str(e)
         if tr is not None:

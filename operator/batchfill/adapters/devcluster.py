@@ -147,11 +147,20 @@ def _console(console: Console | None, quiet: bool = False) -> Console:
     return console if console is not None else Console(stderr=True, quiet=quiet, log_path=False)
 
 
-def ensure_binaries(console: Console | None = None, *, build: bool = True, log_path: Path | None = None) -> Path:
+def ensure_binaries(
+    console: Console | None = None,
+    *,
+    build: bool = True,
+    log_path: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
     """Return :func:`bin_dir`, running scripts/build-k8s.sh first when something is missing.
 
-    The build (about 9 min cold on 2 cores, about 35 s with a warm Go build cache) writes its output to
-    ``log_path`` (default ``<cache>/<version>/build.log``). Raises :class:`BinariesUnavailableError`.
+    The build (about 25 min cold on 2 cores, about 35 s with a warm Go build cache) writes its output to
+    ``log_path`` (default ``<cache>/<version>/build.log``). Every progress line of the script (which
+    component, the elapsed time, the log path; one at least every 30 s) is passed to ``progress`` (default:
+    logged on ``console``), so a build is never silent, on a terminal or not. Raises
+    :class:`BinariesUnavailableError` with the log's last lines and what to do.
     """
     missing = missing_binaries()
     if not missing:
@@ -170,22 +179,28 @@ def ensure_binaries(console: Console | None = None, *, build: bool = True, log_p
     env = dict(os.environ)
     env.update(
         K8S_VERSION=K8S_VERSION, ETCD_VERSION=ETCD_VERSION, KWOK_VERSION=KWOK_VERSION,
-        BATCHFILL_K8S_CACHE=str(cache_root()),
+        BATCHFILL_K8S_CACHE=str(cache_root()), BATCHFILL_BUILD_LOG=str(log),
     )  # fmt: skip
+    say = progress if progress is not None else con.log
     t0 = time.monotonic()
-    con.log(f"building {', '.join(missing)} from Go modules (cold: ~9 min on 2 cores); log: {log}")
-    with open(log, "ab") as out, con.status("building the Kubernetes control plane from Go modules") as status:
+    say(f"building {', '.join(missing)} from Go modules (cold: ~25 min on 2 cores, once); log: {log}")
+    with open(log, "ab") as out:
+        start = out.tell()
         proc = subprocess.Popen(
             ["bash", str(script)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env
         )
+        lines = _LogFollower(log, start)
         while proc.poll() is None:
-            last = _last_line(log)
-            status.update(f"building the Kubernetes control plane ({time.monotonic() - t0:.0f} s) {last[:80]}")
             time.sleep(1.0)
+            for line in lines.new_lines():
+                say(line)
+        for line in lines.new_lines():
+            say(line)
     if proc.returncode != 0:
         what = {3: "no usable Go toolchain (Go >= 1.26 needed)"}.get(proc.returncode, "the build failed")
         raise BinariesUnavailableError(
-            f"scripts/build-k8s.sh exited with {proc.returncode}: {what}; log {log}\n{_tail(log, 25)}"
+            f"scripts/build-k8s.sh exited with {proc.returncode}: {what}; log {log}\n{_tail(log, 25)}\n"
+            "Fix the cause above and run the command again: finished components and Go's caches are kept."
         )
     still = missing_binaries()
     if still:
@@ -390,9 +405,23 @@ def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _last_line(path: Path) -> str:
-    tail = _tail(path, 1).strip()
-    return tail.removeprefix("[build-k8s] ")
+class _LogFollower:
+    """The build script's own progress lines (``[build-...] ...``) appended to a log since ``start`` (bytes)."""
+
+    def __init__(self, path: Path, start: int) -> None:
+        self._path, self._offset, self._partial = path, start, b""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read(1 << 20)
+        except OSError:
+            return []
+        self._offset += len(chunk)
+        *whole, self._partial = (self._partial + chunk).split(b"\n")
+        text = (raw.decode(errors="replace").rstrip() for raw in whole)
+        return [line for line in text if line.startswith("[build-")]
 
 
 # ---------------------------------------------------------------------------------------------------------
