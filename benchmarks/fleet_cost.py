@@ -33,11 +33,11 @@ from rich.console import Console
 
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.validate import load_model
+from batchfill.cli.simulate import print_comparison
 from batchfill.compare.report import COLUMN_LEGEND, checks, figure, markdown_table
 from batchfill.compare.run import POLICIES, Comparison, Options, compare, one_replica_at, prepare
 from batchfill.sim import traces
 from batchfill.sim.batcher import poisson_unit_arrivals, simulate_batcher
-from batchfill.simulate import print_comparison
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_FILE = ROOT / "examples" / "seed-example.yaml"

@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from batchfill.adapters import devcluster
-from batchfill.demo import GROUP, PLURAL, VERSION, install_operator_rbac, model_volume, operator_as_service_account
+from batchfill.cli.demo import GROUP, PLURAL, VERSION, install_operator_rbac, model_volume, operator_as_service_account
+from batchfill.testbed import devcluster
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "fleet"

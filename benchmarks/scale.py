@@ -62,10 +62,7 @@ from rich.console import Console
 from rich.table import Table
 
 from batchfill import reconcile
-from batchfill.adapters import devcluster
-from batchfill.adapters.prometheus_local import LocalPrometheus
-from batchfill.adapters.triton_local import free_port
-from batchfill.demo import (
+from batchfill.cli.demo import (
     GROUP,
     PLURAL,
     VERSION,
@@ -74,8 +71,11 @@ from batchfill.demo import (
     operator_as_service_account,
     sigterm_as_interrupt,
 )
+from batchfill.controller.settings import OperatorSettings
 from batchfill.render.kube import CHILDREN_SELECTOR
-from batchfill.settings import OperatorSettings
+from batchfill.testbed import devcluster
+from batchfill.testbed.prometheus_local import LocalPrometheus
+from batchfill.testbed.triton_local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_JSON = ROOT / "benchmarks" / "out" / "scale.json"

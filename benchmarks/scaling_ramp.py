@@ -1,6 +1,6 @@
 """Load-proportional autoscaling on real parts: reaction times and replica-seconds against the lower bound.
 
-Runs the ramp of tests/component/test_autoscaling_ramp.py (:mod:`batchfill.adapters.scaling_lab`: real
+Runs the ramp of tests/component/test_autoscaling_ramp.py (:mod:`batchfill.testbed.scaling_lab`: real
 tritonservers with the sleep model, a real Prometheus, Poisson load ramping up, holding and ramping down, the
 policy deciding every tick) and prints:
 
@@ -29,7 +29,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from batchfill.adapters.scaling_lab import (
+from batchfill.api.spec import ScalingSpec
+from batchfill.testbed.scaling_lab import (
     LabConfig,
     LabResult,
     RampShape,
@@ -43,7 +44,6 @@ from batchfill.adapters.scaling_lab import (
     reactions,
     replica_seconds,
 )
-from batchfill.api.spec import ScalingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PLOT = ROOT / "benchmarks" / "out" / "scaling_ramp.png"

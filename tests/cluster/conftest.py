@@ -1,6 +1,6 @@
 """Fixtures of the cluster tests: a real Kubernetes API server, scheduler and controller-manager.
 
-By default the session starts the local dev cluster (``batchfill.adapters.devcluster``: etcd, kube-apiserver,
+By default the session starts the local dev cluster (``batchfill.testbed.devcluster``: etcd, kube-apiserver,
 kube-scheduler, kube-controller-manager and kwok as processes on 127.0.0.1, with 2 fake GPU nodes of 4
 ``nvidia.com/gpu`` each) in a temporary run directory and stops it at the end. Its binaries are built from Go
 modules by ``scripts/build-k8s.sh`` when missing (~9 min cold on 2 cores; cached in ``~/.cache/batchfill/k8s``). The
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from batchfill.adapters import devcluster
+from batchfill.testbed import devcluster
 
 from .support import Kube, skip_or_fail
 
@@ -48,6 +48,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     tr = config.pluginmanager.get_plugin("terminalreporter")
     log = devcluster.cache_root() / devcluster.K8S_VERSION / "build.log"
+
     def progress(line: str) -> None:
         if tr is not None:
             tr.write_line(f"cluster tests: {line}")

@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.adapters import devcluster
-from batchfill.adapters.devcluster import GPU_RESOURCE
+from batchfill.testbed import devcluster
+from batchfill.testbed.devcluster import GPU_RESOURCE
 
 T = TypeVar("T")
 
@@ -75,7 +75,7 @@ class Operator:
     kill (SIGKILL) and start again, as a Deployment's kubelet would restart it.
 
     Each run logs to ``<work>/<log_name>-<run>.log``; :meth:`logs` is all runs' logs. ``env`` and ``args`` are passed
-    to every run (:func:`batchfill.demo.operator_as_service_account`).
+    to every run (:func:`batchfill.cli.demo.operator_as_service_account`).
     """
 
     def __init__(
@@ -95,7 +95,7 @@ class Operator:
         return self.work / f"{self.log_name}-{run}.log"
 
     def start(self) -> None:
-        from batchfill.demo import operator_as_service_account
+        from batchfill.cli.demo import operator_as_service_account
 
         self.runs += 1
         self._stack = ExitStack()

@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.adapters import devcluster
-from batchfill.adapters.devcluster import GPU_RESOURCE
+from batchfill.testbed import devcluster
+from batchfill.testbed.devcluster import GPU_RESOURCE
 
 from .conftest import GPU_NODES, GPUS_PER_NODE
 from .support import (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from batchfill.adapters import devcluster
+from batchfill.testbed import devcluster
 
 from .conftest import USE_EXISTING
 

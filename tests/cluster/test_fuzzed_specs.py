@@ -31,7 +31,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.demo import install_operator_rbac, operator_as_service_account
+from batchfill.cli.demo import install_operator_rbac, operator_as_service_account
 
 from ..fuzz_specs import MIB, SEED_SPEC, numbers, sample_specs
 from .support import Kube, model_volume, rbac_denials, temp_namespace, wait_for
@@ -47,7 +47,7 @@ HANDLED_TIMEOUT_S = 300.0
 SETTLE_TIMEOUT_S = 300.0
 CONDITION_TYPES = ("ConfigValid", "SLAFeasible", "Planned")
 TRACEBACK_MARKERS = ("Traceback (most recent call last)", "failed with an exception")
-#: The annotation kopf keeps the handled spec in (batchfill.handlers.configure).
+#: The annotation kopf keeps the handled spec in (batchfill.controller.handlers.configure).
 KOPF_COPY = "batchfill.io/last-handled-configuration"
 
 

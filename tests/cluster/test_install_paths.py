@@ -28,7 +28,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.adapters import devcluster
+from batchfill.testbed import devcluster
 
 from ..unit.test_install_paths import (
     CLUSTER_READ_RULES,

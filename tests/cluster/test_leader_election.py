@@ -35,10 +35,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.adapters import devcluster
 from batchfill.adapters.leader import LeaderElector
-from batchfill.demo import OPERATOR_NS, install_operator_rbac, operator_as_service_account
+from batchfill.cli.demo import OPERATOR_NS, install_operator_rbac, operator_as_service_account
 from batchfill.policy.leader import LeaseTiming
+from batchfill.testbed import devcluster
 
 from .support import Kube, rbac_denials, temp_namespace, wait_for
 

@@ -36,11 +36,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from batchfill.adapters.balancer import BalancedLoad
-from batchfill.adapters.loadgen import grpc_fp32_input
-from batchfill.adapters.model_repo import write_model
-from batchfill.adapters.prometheus_local import LocalPrometheus, ScrapeTarget
-from batchfill.demo import PodTritons
+from batchfill.cli.demo import PodTritons
+from batchfill.testbed.balancer import BalancedLoad
+from batchfill.testbed.loadgen import grpc_fp32_input
+from batchfill.testbed.model_repo import write_model
+from batchfill.testbed.prometheus_local import LocalPrometheus, ScrapeTarget
 
 from .conftest import USE_EXISTING
 from .support import DenyPolicy, Kube, Operator, model_volume, rbac_denials, temp_namespace, until
@@ -169,7 +169,7 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    from batchfill.demo import install_operator_rbac
+    from batchfill.cli.demo import install_operator_rbac
 
     work = tmp_path_factory.mktemp("scaling")
     install_operator_rbac(kube.kubeconfig, work)

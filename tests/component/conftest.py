@@ -1,7 +1,7 @@
 """Fixtures of the component tests: one real tritonserver (nvidia-pytriton's 2.51 build) per test module.
 
 The server runs with ``--model-control-mode=explicit`` on an initially empty model repository in a temporary
-directory; each test writes its models with :func:`batchfill.adapters.model_repo.write_model` and loads them
+directory; each test writes its models with :func:`batchfill.testbed.model_repo.write_model` and loads them
 through the repository API (:func:`load_model`), so one server start (a few seconds) serves a whole module.
 """
 
@@ -16,8 +16,8 @@ import tritonclient.grpc.model_config_pb2 as mc
 import tritonclient.http as httpclient
 from google.protobuf import text_format
 
-from batchfill.adapters.model_repo import write_model
-from batchfill.adapters.triton_local import LocalTriton, process_group_alive
+from batchfill.testbed.model_repo import write_model
+from batchfill.testbed.triton_local import LocalTriton, process_group_alive
 
 SLEEP_INPUT = "INPUT0"
 SLEEP_OUTPUT = "OUTPUT0"

@@ -1,6 +1,6 @@
 """The replica decision driving real parts through a load ramp (issue 4, "Done when" bullet 1).
 
-One run per module (:class:`batchfill.adapters.scaling_lab.ScalingLab`, about 4 minutes): real tritonserver
+One run per module (:class:`batchfill.testbed.scaling_lab.ScalingLab`, about 4 minutes): real tritonserver
 processes serve the sleep model (50 + 10·b ms per batch, SLA 360 ms with 20 ms overhead so T = 340 ms; the plan
 gives B = 16 and C ≈ 51 requests/s per replica; config rendered from the plan, KIND_CPU), a real
 Prometheus scrapes them every second with namespace/pod labels, an open-loop Poisson load ramps from 0.5 to 2.4
@@ -40,8 +40,9 @@ import shutil
 
 import pytest
 
-from batchfill.adapters.prometheus_local import DEFAULT_BINARY
-from batchfill.adapters.scaling_lab import (
+from batchfill.policy.scaling import P99_RISK_FRACTION, QUEUE_RISK_FRACTION
+from batchfill.testbed.prometheus_local import DEFAULT_BINARY
+from batchfill.testbed.scaling_lab import (
     LabConfig,
     LabResult,
     Reaction,
@@ -52,7 +53,6 @@ from batchfill.adapters.scaling_lab import (
     phase_stats,
     reactions,
 )
-from batchfill.policy.scaling import P99_RISK_FRACTION, QUEUE_RISK_FRACTION
 
 pytestmark = [
     pytest.mark.component,

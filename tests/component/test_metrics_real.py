@@ -35,7 +35,6 @@ from pathlib import Path
 
 import pytest
 
-from batchfill.adapters.loadgen import LoadResult, grpc_fp32_input, run_poisson
 from batchfill.adapters.metrics import (
     NO_READY_PODS,
     NO_SERIES,
@@ -44,11 +43,12 @@ from batchfill.adapters.metrics import (
     SignalTarget,
     TargetKey,
 )
-from batchfill.adapters.model_repo import write_model
-from batchfill.adapters.prometheus_local import DEFAULT_BINARY, LocalPrometheus, ScrapeTarget
-from batchfill.adapters.triton_local import LocalTriton, free_port
 from batchfill.adapters.triton_stats import ModelStats, delta, read_model_stats
 from batchfill.policy.signals import ModelSignals, SignalState
+from batchfill.testbed.loadgen import LoadResult, grpc_fp32_input, run_poisson
+from batchfill.testbed.model_repo import write_model
+from batchfill.testbed.prometheus_local import DEFAULT_BINARY, LocalPrometheus, ScrapeTarget
+from batchfill.testbed.triton_local import LocalTriton, free_port
 
 from .conftest import SLEEP_DIMS, SLEEP_INPUT, sleep_config_pb, with_parameters
 

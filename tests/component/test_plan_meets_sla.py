@@ -41,15 +41,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from batchfill.adapters.loadgen import (
-    GENERATOR_LAG_LIMIT_MS,
-    LoadResult,
-    grpc_fp32_input,
-    poisson_arrivals,
-    run_poisson,
-    run_poisson_async,
-)
-from batchfill.adapters.triton_local import LocalTriton
 from batchfill.adapters.triton_stats import (
     ModelStats,
     delta,
@@ -61,6 +52,15 @@ from batchfill.adapters.triton_stats import (
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.status import PlanStatus
 from batchfill.render import render_model_config
+from batchfill.testbed.loadgen import (
+    GENERATOR_LAG_LIMIT_MS,
+    LoadResult,
+    grpc_fp32_input,
+    poisson_arrivals,
+    run_poisson,
+    run_poisson_async,
+)
+from batchfill.testbed.triton_local import LocalTriton
 
 from .conftest import SLEEP_DIMS, SLEEP_INPUT, http_fp32_inputs, load_model, sleep_config_pb, with_parameters
 

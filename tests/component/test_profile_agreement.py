@@ -16,16 +16,16 @@ import time
 
 import pytest
 
-from batchfill.adapters.loadgen import grpc_fp32_input, run_poisson
 from batchfill.adapters.profiler import connect, input_maker, measure, read_model_info
-from batchfill.adapters.triton_local import LocalTriton
 from batchfill.adapters.triton_stats import delta, read_model_stats, summary_quantile_ms
 from batchfill.api.spec import BatchedModelSpec
+from batchfill.cli.profile import profile_points
 from batchfill.policy.plan import plan_batching
 from batchfill.policy.profile import LatencyProfile
 from batchfill.policy.profile_fit import BatchTotals, FittedPoint, fit_profile
-from batchfill.profiling import profile_points
 from batchfill.render import render_model_config
+from batchfill.testbed.loadgen import grpc_fp32_input, run_poisson
+from batchfill.testbed.triton_local import LocalTriton
 
 from .conftest import SLEEP_DIMS, SLEEP_INPUT, load_model, sleep_config_pb, with_parameters
 

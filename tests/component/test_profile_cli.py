@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from batchfill.adapters.triton_local import LocalTriton
-from batchfill.cli import main
+from batchfill.cli.main import main
+from batchfill.testbed.triton_local import LocalTriton
 
 from .conftest import load_model, sleep_config_pb, with_parameters
 

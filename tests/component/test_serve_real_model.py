@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from batchfill.api.validate import load_model, parse_documents
-from batchfill.serve import serve
+from batchfill.cli.serve import serve
 
 pytestmark = pytest.mark.component
 

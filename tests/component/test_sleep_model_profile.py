@@ -21,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchfill.adapters.loadgen import grpc_fp32_input, run_poisson
-from batchfill.adapters.triton_local import LocalTriton
 from batchfill.adapters.triton_stats import delta, measure_profile, wait_for_counts
+from batchfill.testbed.loadgen import grpc_fp32_input, run_poisson
+from batchfill.testbed.triton_local import LocalTriton
 
 from .conftest import SLEEP_DIMS, SLEEP_INPUT, http_fp32_inputs, load_model, sleep_config_pb, with_parameters
 

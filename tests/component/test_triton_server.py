@@ -11,9 +11,6 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from batchfill.adapters.loadgen import grpc_fp32_input, run_poisson
-from batchfill.adapters.model_repo import write_model
-from batchfill.adapters.triton_local import LocalTriton, TritonStartError, process_group_alive
 from batchfill.adapters.triton_stats import (
     delta,
     measure_profile,
@@ -23,6 +20,9 @@ from batchfill.adapters.triton_stats import (
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.status import PlanStatus
 from batchfill.render import render_model_config
+from batchfill.testbed.loadgen import grpc_fp32_input, run_poisson
+from batchfill.testbed.model_repo import write_model
+from batchfill.testbed.triton_local import LocalTriton, TritonStartError, process_group_alive
 
 from .conftest import SLEEP_DIMS, SLEEP_INPUT, http_fp32_inputs, load_model, sleep_config_pb, with_parameters
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from batchfill.adapters.loadgen import LoadResult, poisson_arrivals
 from batchfill.adapters.triton_stats import delta, parse_model_stats, summary_quantile_ms
+from batchfill.testbed.loadgen import LoadResult, poisson_arrivals
 
 
 def _stats(count: int, infer_ns: int, *, batch: int = 4, version: str = "1", grpc: bool = False) -> dict[str, Any]:

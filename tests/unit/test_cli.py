@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchfill.cli import main
+from batchfill.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "examples" / "seed-example.yaml"
@@ -117,7 +117,7 @@ def test_no_kopf_handler_is_declared_with_zero_retries_or_a_timer() -> None:
     BatchedModel could not be deleted while the operator is down (scaling runs in handlers.ScalingLoop)."""
     import kopf
 
-    import batchfill.handlers  # noqa: F401  (registers the handlers)
+    import batchfill.controller.handlers  # noqa: F401  (registers the handlers)
 
     registry = kopf.get_default_registry()
     changing = list(registry._changing.get_all_handlers())

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchfill.cli import main
+from batchfill.cli.main import main
+from batchfill.cli.simulate import parse_duration
 from batchfill.compare.run import POLICIES
-from batchfill.simulate import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "examples" / "seed-example.yaml"

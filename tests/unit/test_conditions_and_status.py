@@ -9,8 +9,8 @@ import pytest
 
 from batchfill.api.errors import SpecError
 from batchfill.api.validate import load_model
+from batchfill.controller.reconcile import changed_fields, desired_state, desired_status, rejection_status
 from batchfill.policy.conditions import ConditionUpdate, apply_conditions, find, rfc3339
-from batchfill.reconcile import changed_fields, desired_state, desired_status, rejection_status
 
 from .conftest import CASES_DOC, SEED_DOC
 

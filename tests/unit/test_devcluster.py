@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchfill.adapters import devcluster
+from batchfill.testbed import devcluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,8 +127,6 @@ def test_dev_cluster_main_exit_codes(tmp_path: Path) -> None:
 
 
 def test_module_is_runnable() -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "batchfill.adapters.devcluster", "--help"], capture_output=True, text=True
-    )
+    r = subprocess.run([sys.executable, "-m", "batchfill.testbed.devcluster", "--help"], capture_output=True, text=True)
     assert r.returncode == 0
     assert "up" in r.stdout

@@ -6,7 +6,7 @@ What is checked: every rendered object's kind, name and namespace; RBAC is exact
 wildcards, no Secrets; leases only in the operator's own namespace, for leader election); the operator runs under
 the "restricted" Pod Security Standard, two replicas electing one; the chart's and the kustomize base's CRD are the
 generated crds/batchedmodel.yaml; `kubectl kustomize deploy/base` is the chart's default install; the chart's
-settings reach `batchfill run` under the names batchfill.settings reads.
+settings reach `batchfill run` under the names batchfill.controller.settings reads.
 Applying them to a real API server is tests/cluster/test_install_paths.py.
 """
 
@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from batchfill.api.validate import load_model
-from batchfill.cli import build_parser
+from batchfill.cli.main import build_parser
+from batchfill.controller.settings import OperatorSettings
 from batchfill.render.kube import Owner, build_deployment
-from batchfill.settings import OperatorSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "batchfill"
@@ -468,7 +468,7 @@ def test_operator_container_runs_batchfill_run_with_its_settings(helm: str) -> N
     env = _pod_env(_only(objs, "Deployment"))
     assert set(env) == OPERATOR_ENV
     assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == 9100
-    # The same names and values batchfill.settings reads, and flags `batchfill run` accepts.
+    # The same names and values batchfill.controller.settings reads, and flags `batchfill run` accepts.
     settings = OperatorSettings.from_env(env)
     assert settings.prometheus_url == "http://prom.example:9090"
     assert settings.log_format == "text"

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from batchfill.adapters.leader import StandbyHealth, default_identity, micro_time
+from batchfill.controller.settings import OperatorSettings, describe_errors
 from batchfill.policy.leader import (
     Action,
     LeaseRecord,
@@ -25,7 +26,6 @@ from batchfill.policy.leader import (
     released_spec,
     renew_deadline_passed,
 )
-from batchfill.settings import OperatorSettings, describe_errors
 
 T = LeaseTiming()  # 15 / 10 / 2
 ME, OTHER = "op-a_1", "op-b_2"
@@ -258,7 +258,7 @@ def test_bad_leader_election_settings_name_the_variable(env: dict[str, str], var
 
 
 def test_batchfill_run_reports_bad_settings_by_variable(capsys: pytest.CaptureFixture[str]) -> None:
-    from batchfill.cli import main
+    from batchfill.cli.main import main
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BATCHFILL_LEADER_ELECTION", "1")

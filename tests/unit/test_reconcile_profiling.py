@@ -8,9 +8,7 @@ from typing import Any
 import pytest
 
 from batchfill.api.errors import SpecError
-from batchfill.policy.conditions import find
-from batchfill.policy.profile_fit import BatchTotals
-from batchfill.reconcile import (
+from batchfill.controller.reconcile import (
     adopted_profile,
     changed_fields,
     children_drift,
@@ -20,6 +18,8 @@ from batchfill.reconcile import (
     profile_tick,
     ready_pod_ips,
 )
+from batchfill.policy.conditions import find
+from batchfill.policy.profile_fit import BatchTotals
 
 T0 = 1_800_000_000.0
 SPEC: dict[str, Any] = {

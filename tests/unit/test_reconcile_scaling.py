@@ -7,8 +7,8 @@ from typing import Any
 
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
+from batchfill.controller.reconcile import changed_fields, observed_status, pod_counts, replicas_managers
 from batchfill.policy.signals import ModelSignals, SignalState
-from batchfill.reconcile import changed_fields, observed_status, pod_counts, replicas_managers
 
 
 def pod(name: str, *, ready: bool = False, scheduled: bool | None = True, message: str = "", deleting: bool = False
@@ -116,8 +116,8 @@ def test_signal_hub_runs_one_query_set_per_tick_for_all_models() -> None:
 
 def test_low_concurrency_becomes_a_batching_condition_and_stays_put() -> None:
     """CASES C04: the status says why batching does nothing; its transition time does not move between ticks."""
+    from batchfill.controller.reconcile import _scaling_conditions, desired_state, desired_status
     from batchfill.policy.scaling import Decision
-    from batchfill.reconcile import _scaling_conditions, desired_state, desired_status
 
     decision = Decision(1, 1, 1, "HoldWithinTolerance", "", (), metrics_available=True, low_concurrency=True)
     signals = ModelSignals(state=SignalState.OK, pods=1, request_rate_rps=10.0, avg_batch_size=1.0)

@@ -818,8 +818,8 @@ FORBIDDEN_IN_RENDER = (
     "subprocess",
     "socket",
     "batchfill.adapters",
-    "batchfill.reconcile",
-    "batchfill.handlers",
+    "batchfill.controller.reconcile",
+    "batchfill.controller.handlers",
     "batchfill.cli",
 )
 

@@ -11,8 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from batchfill.adapters.loadgen import varying_poisson_arrivals
-from batchfill.adapters.scaling_lab import (
+from batchfill.api.status import PlanStatus
+from batchfill.testbed.loadgen import varying_poisson_arrivals
+from batchfill.testbed.scaling_lab import (
     LabConfig,
     LabResult,
     LoadSchedule,
@@ -29,7 +30,6 @@ from batchfill.adapters.scaling_lab import (
     sleep_model_config,
     sleep_spec,
 )
-from batchfill.api.status import PlanStatus
 
 
 def test_varying_arrivals_follow_the_rate_and_are_seeded() -> None:

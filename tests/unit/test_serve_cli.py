@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from batchfill import serve as serve_module
-from batchfill.cli import main
+from batchfill.cli import serve as serve_module
+from batchfill.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 OCR = str(ROOT / "examples" / "ocr-recognizer.yaml")

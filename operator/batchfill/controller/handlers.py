@@ -31,8 +31,7 @@ from batchfill.adapters.pod_stats import PodBatchStats, PodStatsError, read_pod_
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import GROUP, PLURAL, VERSION
-from batchfill.policy.profile_fit import BatchTotals
-from batchfill.reconcile import (
+from batchfill.controller.reconcile import (
     SpecRejectedError,
     changed_fields,
     profile_tick,
@@ -41,8 +40,9 @@ from batchfill.reconcile import (
     rejection_status,
     scale_tick,
 )
+from batchfill.controller.settings import OperatorSettings
+from batchfill.policy.profile_fit import BatchTotals
 from batchfill.render.kube import CHILDREN_SELECTOR, Owner, selector_labels
-from batchfill.settings import OperatorSettings
 
 log = logging.getLogger("batchfill")
 ANNOTATION_PREFIX = "batchfill.io"
@@ -336,7 +336,7 @@ UNREAD_WARNING_S = 120.0
 
 class ProfilingLoop(_PeriodicLoop):
     """Every ``profile_interval_s``: Triton's batch statistics of every BatchedModel's Ready pods, the fitted
-    profile, and a re-plan when :func:`batchfill.reconcile.profile_tick` adopts it (spec.profiling).
+    profile, and a re-plan when :func:`batchfill.controller.reconcile.profile_tick` adopts it (spec.profiling).
 
     A thread of its own, so slow or unreachable pods never delay a scaling decision; pod reads run in parallel.
     """
@@ -379,7 +379,7 @@ class ProfilingLoop(_PeriodicLoop):
         restarted) is re-baselined. The status write uses the object as read after the statistics (a read takes
         up to 2 s per pod, and the scaling loop writes status too), and an adoption is then reconciled: the new
         config.pbtxt rolls the Deployment once. An adoption whose reconcile did not happen (API trouble, a
-        restart in between) is applied by the scaling loop (:func:`batchfill.reconcile.children_drift`).
+        restart in between) is applied by the scaling loop (:func:`batchfill.controller.reconcile.children_drift`).
         """
         meta, spec = body["metadata"], body.get("spec") or {}
         uid, ns, name = meta["uid"], meta["namespace"], meta["name"]

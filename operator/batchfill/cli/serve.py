@@ -26,9 +26,6 @@ from rich.console import Console
 from rich.table import Table
 from tritonclient.utils import np_to_triton_dtype
 
-from batchfill.adapters.loadgen import run_poisson
-from batchfill.adapters.model_repo import EXAMPLE_MODELS, write_model
-from batchfill.adapters.triton_local import LocalTriton
 from batchfill.adapters.triton_stats import (
     delta,
     measure_profile,
@@ -41,6 +38,9 @@ from batchfill.api.spec import BatchedModel, BatchedModelSpec, DataType, Profile
 from batchfill.api.status import PlanStatus
 from batchfill.policy.plan import plan_batching
 from batchfill.render import render_model_config
+from batchfill.testbed.loadgen import run_poisson
+from batchfill.testbed.model_repo import EXAMPLE_MODELS, write_model
+from batchfill.testbed.triton_local import LocalTriton
 
 EXAMPLE_ANNOTATION = "batchfill.io/example-model"
 _NUMPY = {DataType.TYPE_FP32: np.float32, DataType.TYPE_FP16: np.float16, DataType.TYPE_FP64: np.float64}

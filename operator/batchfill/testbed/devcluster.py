@@ -1098,10 +1098,10 @@ def running_cluster(run_dir: str | os.PathLike[str], **kwargs: Any) -> Iterator[
         cluster_down(run_dir, console=kwargs.get("console"), quiet=bool(kwargs.get("quiet", False)))
 
 
-if __name__ == "__main__":  # python -m batchfill.adapters.devcluster up|down|status|build [--run-dir DIR]
+if __name__ == "__main__":  # python -m batchfill.testbed.devcluster up|down|status|build [--run-dir DIR]
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m batchfill.adapters.devcluster")
+    ap = argparse.ArgumentParser(prog="python -m batchfill.testbed.devcluster")
     ap.add_argument("action", choices=["up", "down", "status", "build"])
     ap.add_argument("--run-dir", default=None)
     ap.add_argument("--gpu-nodes", type=int, default=2)

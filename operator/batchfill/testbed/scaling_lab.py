@@ -7,11 +7,11 @@ The lab plays "the Deployment" with real parts:
   :func:`~batchfill.render.render_model_config` plus the sleep parameters. A replica is *starting* from the
   moment it is requested until ``/v2/health/ready`` answers (Triton's readiness, what a pod's readiness probe
   checks), then *Ready*. Pods are named ``<name>-<k>`` with ``k`` counting up, never reused.
-* **Prometheus**: a real Prometheus (:class:`~batchfill.adapters.prometheus_local.LocalPrometheus`, scraping
+* **Prometheus**: a real Prometheus (:class:`~batchfill.testbed.prometheus_local.LocalPrometheus`, scraping
   every ``scrape_s``) whose file_sd targets are the running servers with ``namespace``/``pod`` labels, as a
   ServiceMonitor would give them.
 * **Load**: an open-loop Poisson load whose rate follows a schedule (warm, ramp up, hold, ramp down, low),
-  drawn once from a seed (:func:`~batchfill.adapters.loadgen.varying_poisson_arrivals`). A client-side
+  drawn once from a seed (:func:`~batchfill.testbed.loadgen.varying_poisson_arrivals`). A client-side
   balancer sends each arrival to the next Ready server round-robin (``tritonclient.grpc.aio``, one channel per
   server, all on one event loop). Latency is measured from the *scheduled* arrival (no coordinated omission).
 * **Control loop**: every ``tick_s`` the signals of the Ready pods are read through
@@ -53,17 +53,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from batchfill.adapters.loadgen import grpc_fp32_input, varying_poisson_arrivals
 from batchfill.adapters.metrics import PrometheusSignals, SignalTarget
-from batchfill.adapters.model_repo import write_model
-from batchfill.adapters.prometheus_local import LocalPrometheus, ScrapeTarget
-from batchfill.adapters.triton_local import LOOPBACK, LocalTriton, free_port
 from batchfill.api.spec import BatchedModelSpec, ScalingSpec
 from batchfill.api.status import PlanStatus
 from batchfill.policy.plan import plan_batching, replicas_for
 from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Replicas, ScalingInput, decide
 from batchfill.policy.signals import ModelSignals
 from batchfill.render import config_with_parameters, render_model_config
+from batchfill.testbed.loadgen import grpc_fp32_input, varying_poisson_arrivals
+from batchfill.testbed.model_repo import write_model
+from batchfill.testbed.prometheus_local import LocalPrometheus, ScrapeTarget
+from batchfill.testbed.triton_local import LOOPBACK, LocalTriton, free_port
 
 SLEEP_INPUT = "INPUT0"
 SLEEP_OUTPUT = "OUTPUT0"

@@ -25,7 +25,7 @@ from batchfill.policy.plan import PlanResult, plan_batching, replicas_for
 
 if TYPE_CHECKING:
     from batchfill.adapters.leader import LeaderElector
-    from batchfill.settings import OperatorSettings
+    from batchfill.controller.settings import OperatorSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -193,8 +193,8 @@ def _one_model(path: str, command: str, err: Console) -> Any:
 
 def cmd_simulate(args: argparse.Namespace, out: Console, err: Console) -> int:
     """A BatchedModel against a trace under batchfill's policy and the baselines (fleet simulator)."""
+    from batchfill.cli.simulate import TraceOptions, parse_duration, run_simulation
     from batchfill.compare.run import CompareError, Options
-    from batchfill.simulate import TraceOptions, parse_duration, run_simulation
 
     bm = _one_model(args.file, "simulate", err)
     if isinstance(bm, int):
@@ -251,7 +251,7 @@ def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
     or measured; a server, model or input problem exits 1; both as one line on stderr.
     """
     from batchfill.adapters.profiler import check_url, one_line
-    from batchfill.profiling import (
+    from batchfill.cli.profile import (
         ProfileError,
         ProfileOptions,
         ProfileUsageError,
@@ -331,7 +331,7 @@ def cmd_serve(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     SIGTERM stops tritonserver and removes the work directory as Ctrl-C does, and exits 143 (Ctrl-C: 130).
     """
-    from batchfill.serve import serve
+    from batchfill.cli.serve import serve
 
     # the flags before anything starts (a bad --load used to fail after tritonserver was up)
     if not (0 < args.load <= 2):  # NaN too
@@ -387,7 +387,7 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
     import kopf
     from pydantic import ValidationError
 
-    from batchfill.settings import OperatorSettings, describe_errors
+    from batchfill.controller.settings import OperatorSettings, describe_errors
 
     try:
         settings = OperatorSettings.from_env(
@@ -405,7 +405,7 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
         verbose=args.verbose, log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL
     )
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    import batchfill.handlers  # noqa: F401  (registers the handlers)
+    import batchfill.controller.handlers  # noqa: F401  (registers the handlers)
     from batchfill.adapters import memory, operator_metrics
 
     memory.limit_arenas()  # before any of the operator's threads allocates
@@ -487,7 +487,7 @@ def _lead_or_wait(settings: OperatorSettings, liveness: str | None) -> LeaderEle
 
 def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int:
     """A real local control plane (etcd, kube-apiserver, scheduler, controller-manager, kwok GPU nodes)."""
-    from batchfill.adapters.devcluster import dev_cluster_main
+    from batchfill.testbed.devcluster import dev_cluster_main
 
     return dev_cluster_main(
         args.action,
@@ -502,7 +502,7 @@ def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int
 
 def cmd_demo(args: argparse.Namespace, out: Console, err: Console) -> int:
     """The main job end to end: control plane, operator, the real example model on real tritonservers."""
-    from batchfill.demo import DemoOptions, demo_main
+    from batchfill.cli.demo import DemoOptions, demo_main
 
     if not (0 < args.load <= 2) or not (0 < args.duration <= 3600):
         _err(err, f"--load={args.load} must be in (0, 2] and --duration={args.duration} in (0, 3600] seconds")
@@ -565,7 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0, help="seed of the load (default 0)")
     m.set_defaults(func=cmd_demo)
 
-    r = sub.add_parser("run", help="run the operator (settings: BATCHFILL_* environment, see batchfill.settings)")
+    r = sub.add_parser(
+        "run", help="run the operator (settings: BATCHFILL_* environment variables, batchfill.controller.settings)"
+    )
     r.add_argument("--prometheus-url", default=None, help="Prometheus base URL (BATCHFILL_PROMETHEUS_URL)")
     r.add_argument("--namespaces", default=None, help="comma-separated namespaces; empty: all (BATCHFILL_NAMESPACES)")
     r.add_argument("--log-format", choices=("text", "json"), default=None, help="(BATCHFILL_LOG_FORMAT)")
@@ -643,8 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=0, help="seed of the synthesized inputs and the planner (default 0)")
     pr.set_defaults(func=cmd_profile)
 
+    from batchfill.cli.simulate import TRACES
     from batchfill.compare.run import POLICIES
-    from batchfill.simulate import TRACES
 
     sim = sub.add_parser(
         "simulate",

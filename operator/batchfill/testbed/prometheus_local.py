@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from batchfill.adapters.triton_local import LOOPBACK, free_port, stop_process_group
+from batchfill.testbed.triton_local import LOOPBACK, free_port, stop_process_group
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 JOB = "triton"

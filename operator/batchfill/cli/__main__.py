@@ -1,0 +1,5 @@
+"""``python -m batchfill.cli``: the same entry point as the ``batchfill`` console script."""
+
+from batchfill.cli.main import main
+
+raise SystemExit(main())
