@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing the Python packages into $(VENV) (first time: a few minutes; tritonserver's wheel is ~1 GB)"
 	$(BIN)/python -m pip install -q --upgrade pip
+	# dev: the base, the simulate and testbed extras (matplotlib; tritonserver, onnxruntime) and the test tools.
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# Trained OCR weights for the real example model; --no-deps keeps OpenCV & co. out (only the .onnx files are used).
 	$(BIN)/python -m pip install -q --no-deps 'rapidocr-onnxruntime==1.4.4'
