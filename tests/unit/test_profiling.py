@@ -536,7 +536,7 @@ def test_an_unavailable_models_reason_is_one_line() -> None:
 
 def test_a_model_without_batching_plans_without_a_batch_dimension() -> None:
     """max_batch_size 0 on the server: the document says so, and the plan renders no batching at all."""
-    from batchfill.cli.main import plan_document
+    from batchfill.cli.plan import plan_document
 
     info = ModelInfo(**{**SLEEPY.__dict__, "max_batch_size": 0})
     doc = document_for(info, [{"batchSize": 1, "latencyMs": 2.0}], ProfileOptions(url="h:1", model="sleepy",

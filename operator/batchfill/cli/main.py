@@ -1,4 +1,9 @@
-"""`batchfill` command line: plan, crd (and, as they land, the operator and its tools).
+"""`batchfill` command line: the parser of every command, and the dispatch to the command's own module.
+
+Building the parser imports nothing but the standard library and :mod:`batchfill.cli.common`, so `batchfill
+--help` and every command's `--help` start fast; each command imports what it needs when it runs (cli/plan.py,
+run.py, crd.py, profile.py, simulate.py, serve.py, demo.py). A command whose optional dependencies are missing
+exits 2 with one line naming the `pip install 'batchfill[EXTRA]'` that installs them (pyproject.toml).
 
 Exit codes: 0 success, 2 bad input (one line per problem, each naming its field path), 1 an internal or
 environment failure (still one line, never a traceback).
@@ -7,482 +12,67 @@ environment failure (still one line, never a traceback).
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from batchfill import __version__
-from batchfill.api.errors import Problem, SpecError
-from batchfill.api.validate import load_model, parse_documents
-from batchfill.policy.plan import PlanResult, plan_batching, replicas_for
+from batchfill.cli.common import EXIT_FAILED, EXIT_USAGE, POLICIES, TRACES, err_line, missing_extra
 
 if TYPE_CHECKING:
-    from batchfill.adapters.leader import LeaderElector
-    from batchfill.controller.settings import OperatorSettings
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+    from rich.console import Console
 
 
-def _err(console: Console, line: str) -> None:
-    console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def _read(path: str) -> str:
-    """The file's text. Raises SpecError for bytes that are not UTF-8 (YAML is text)."""
-    try:
-        if path == "-":
-            return sys.stdin.buffer.read().decode("utf-8")
-        return Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SpecError([Problem("(file)", f"is not UTF-8 text (byte {e.start}): not a YAML document")]) from None
-
-
-def plan_document(doc: Any, rps: float | None, seed: int) -> dict[str, Any]:
-    """Plan one parsed document; the JSON shape of `batchfill plan -o json`.
-
-    Raises:
-        SpecError: bad or infeasible spec (field-named problems).
-    """
-    from batchfill.render import render_model_config
-
-    bm = load_model(doc)
-    if not bm.spec.profile:
-        raise SpecError(
-            [
-                Problem(
-                    "spec.profile",
-                    "is required to plan: give each batch size's execution latency (measure it with "
-                    "`batchfill profile`)",
-                )
-            ]
-        )
-    result = plan_batching(bm.spec, seed=seed)
-    status = result.to_status()
-    out: dict[str, Any] = {
-        "name": bm.metadata.name,
-        "plan": status.model_dump(mode="json", exclude_none=True),
-        "seedRule": status.seedRule.model_dump(mode="json") if status.seedRule else None,
-        "config": render_model_config(bm.spec, status),
-        "warnings": [{"reason": w.reason, "path": w.path, "message": w.message} for w in result.warnings],
-    }
-    if rps is not None:
-        s = bm.spec.scaling
-        out["replicas"] = {
-            "requestRate": rps,
-            "replicas": replicas_for(
-                rps, result.chosen.capacity_rps, s.targetUtilization, s.minReplicas, s.maxReplicas
-            ),
-            "targetUtilization": s.targetUtilization,
-            "lowerBoundGpus": round(rps / result.chosen.capacity_rps * max(1, bm.spec.triton.gpusPerReplica), 3)
-            if result.chosen.capacity_rps > 0
-            else None,
-        }
-    out["_result"] = result
-    return out
-
-
-def _table(console: Console, planned: dict[str, Any]) -> None:
-    result: PlanResult = planned["_result"]
-    plan, seed = planned["plan"], planned["seedRule"]
-    console.rule(f"[bold]{planned['name']}[/bold]: config.pbtxt")
-    console.print(planned["config"], markup=False, highlight=False)
-    t = Table(title=f"Batching plan for {planned['name']}", show_header=True, header_style="bold")
-    t.add_column("", no_wrap=True)
-    t.add_column("seed rule (D = S - l(B) - N)", justify="right")
-    t.add_column("chosen plan", justify="right")
-    t.add_row(
-        "max_batch_size",
-        str(seed["maxBatchSize"]) if seed else "-",
-        str(plan["maxBatchSize"]),
-    )
-    t.add_row(
-        "preferred_batch_size",
-        str([seed["maxBatchSize"]]) if seed else "-",
-        str(plan.get("preferredBatchSizes", [])),
-    )
-    t.add_row(
-        "max_queue_delay_microseconds",
-        str(seed["maxQueueDelayMicroseconds"]) if seed else "-",
-        str(plan["maxQueueDelayMicroseconds"]),
-    )
-    t.add_row(
-        "capacity per replica at SLA (req/s)",
-        f"{seed['capacityPerReplicaRps']:.1f}" if seed else "-",
-        f"{plan['capacityPerReplicaRps']:.1f}",
-    )
-    t.add_row("simulated p99 at that capacity (ms)", "", f"{plan['predictedP99Ms']:.2f}")
-    t.add_row("server budget T = S - N (ms)", "", f"{plan['serverBudgetMs']:g}")
-    t.add_row("minimum client timeout (ms)", "", f"{plan['minClientTimeoutMs']:.1f}")
-    t.add_row("instance_group count", "", str(plan["instanceCount"]))
-    if "replicas" in planned:
-        r = planned["replicas"]
-        t.add_row(f"replicas for {r['requestRate']:g} req/s (u={r['targetUtilization']:g})", "", str(r["replicas"]))
-        if r["lowerBoundGpus"] is not None:
-            t.add_row("GPU lower bound  λ / capacity", "", f"{r['lowerBoundGpus']:.2f}")
-    console.print(t)
-    console.print(f"rule: {plan['rule']}", markup=False, highlight=False)
-    for w in planned["warnings"]:
-        console.print(f"warning ({w['reason']}): {w['message']}", markup=False, highlight=False)
-    evaluated = [c for c in result.candidates if not c.pruned]
-    console.print(
-        f"{len(result.candidates)} candidates, {len(evaluated)} simulated, "
-        f"{len(result.candidates) - len(evaluated)} pruned (full batches could not beat the best)",
-        highlight=False,
-    )
+def _without_extra(command: str, extra: str, err: Console) -> bool:
+    """True, after printing the one line that says what to install, when ``extra`` is not installed."""
+    line = missing_extra(command, extra)
+    if line is not None:
+        err_line(err, line)
+    return line is not None
 
 
 def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
-    try:
-        docs = parse_documents(_read(args.file))
-    except OSError as e:
-        _err(err, f"{args.file}: cannot read: {e.strerror or e}")
-        return EXIT_USAGE
-    except SpecError as e:
-        for p in e.problems:
-            _err(err, f"{args.file}: {p}")
-        return EXIT_USAGE
-    if not docs:
-        _err(err, f"{args.file}: no YAML documents")
-        return EXIT_USAGE
-    planned: list[dict[str, Any]] = []
-    failed = False
-    for i, doc in enumerate(docs):
-        label = f"{args.file}" + (f" (document {i + 1})" if len(docs) > 1 else "")
-        try:
-            planned.append(plan_document(doc, args.rps, args.seed))
-        except SpecError as e:
-            failed = True
-            for p in e.problems:
-                _err(err, f"{label}: {p}")
-    public = [{k: v for k, v in one.items() if not k.startswith("_")} for one in planned]
-    if args.output == "json":
-        payload: Any = public[0] if len(public) == 1 else public
-        print(json.dumps(payload, indent=2))
-    elif args.output == "yaml":
-        print(yaml.safe_dump_all(public, sort_keys=False), end="")
-    else:
-        for one in planned:
-            _table(out, one)
-    # the documents that planned are printed; any that did not make the exit code 2
-    return EXIT_USAGE if failed else EXIT_OK
+    from batchfill.cli.plan import command
 
-
-def _one_model(path: str, command: str, err: Console) -> Any:
-    """The single BatchedModel of ``path``, or the exit code after printing why (one line per problem)."""
-    try:
-        docs = parse_documents(_read(path))
-        if len(docs) != 1:
-            _err(err, f"{path}: `batchfill {command}` takes one BatchedModel, found {len(docs)} documents")
-            return EXIT_USAGE
-        return load_model(docs[0])
-    except OSError as e:
-        _err(err, f"{path}: cannot read: {e.strerror or e}")
-        return EXIT_USAGE
-    except SpecError as e:
-        for p in e.problems:
-            _err(err, f"{path}: {p}")
-        return EXIT_USAGE
+    return command(args, out, err)
 
 
 def cmd_simulate(args: argparse.Namespace, out: Console, err: Console) -> int:
     """A BatchedModel against a trace under batchfill's policy and the baselines (fleet simulator)."""
-    from batchfill.cli.simulate import TraceOptions, parse_duration, run_simulation
-    from batchfill.compare.run import CompareError, Options
+    if _without_extra("simulate", "simulate", err):
+        return EXIT_USAGE
+    from batchfill.cli.simulate import command
 
-    bm = _one_model(args.file, "simulate", err)
-    if isinstance(bm, int):
-        return bm
-    try:
-        numbers = {"--mean-rps": args.mean_rps, "--peak-rps": args.peak_rps, "--startup": args.startup}
-        for flag, value in numbers.items():
-            if value is not None and not (value >= 0 and value != float("inf")):
-                raise ValueError(f"{flag}={value} must be a finite number >= 0")
-        if args.mean_rps is not None and args.mean_rps == 0:
-            raise ValueError("--mean-rps=0 must be > 0 req/s")
-        if not 0 < args.hpa_gpu_target <= 100:
-            raise ValueError(f"--hpa-gpu-target={args.hpa_gpu_target} must be a percentage in (0, 100]")
-        if args.seed < 0:
-            raise ValueError(f"--seed={args.seed} must be >= 0")
-        trace_opts = TraceOptions(
-            kind=args.trace,
-            mean_rps=args.mean_rps,
-            duration_s=parse_duration(args.duration, "--duration") if args.duration else None,
-            peak_to_trough=args.peak_to_trough,
-            cv=args.cv,
-            peak_rps=args.peak_rps,
-            start_s=parse_duration(args.start, "--start") if args.start else None,
-            length_s=parse_duration(args.length, "--length") if args.length else None,
-            rates_file=args.rates,
-            seed=args.seed,
-        )
-        options = Options(startup_s=args.startup, hpa_gpu_target=args.hpa_gpu_target / 100.0, seed=args.seed)
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        run_simulation(
-            bm.spec,
-            trace_opts,
-            policies,
-            options,
-            out,
-            err,
-            plot=None if args.plot == "" else Path(args.plot),
-            json_path=Path(args.json) if args.json else None,
-        )
-    except SpecError as e:
-        for p in e.problems:
-            _err(err, f"{args.file}: {p}")
-        return EXIT_USAGE
-    except (CompareError, ValueError) as e:
-        _err(err, f"{args.file}: {e}")
-        return EXIT_USAGE
-    return EXIT_OK
+    return command(args, out, err)
 
 
 def cmd_profile(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """Measure a live model's execution latency per batch size; print the profile and the plan it gives.
+    from batchfill.cli.profile import command
 
-    Bad flags, a bad -f file, and batch sizes the server's model cannot take exit 2 before anything is printed
-    or measured; a server, model or input problem exits 1; both as one line on stderr.
-    """
-    from batchfill.adapters.profiler import check_url, one_line
-    from batchfill.cli.profile import (
-        ProfileError,
-        ProfileOptions,
-        ProfileUsageError,
-        check_options,
-        parse_shape,
-        run_profile,
-    )
-
-    try:
-        sizes = tuple(int(b) for b in args.batch_sizes.split(",")) if args.batch_sizes else ()
-    except ValueError:
-        _err(err, f"--batch-sizes {args.batch_sizes!r} must be comma-separated integers")
-        return EXIT_USAGE
-    if any(b < 1 for b in sizes):
-        _err(err, f"--batch-sizes {args.batch_sizes!r}: every batch size must be >= 1")
-        return EXIT_USAGE
-    base = None
-    try:
-        url = check_url(args.url)  # before anything else: no client is ever made for a bad URL
-        shapes = tuple(parse_shape(s) for s in args.shape or [])
-        if args.file:
-            docs = parse_documents(_read(args.file))
-            if len(docs) != 1:
-                raise ValueError(f"{args.file}: -f takes one BatchedModel, found {len(docs)} documents")
-            load_model(docs[0])  # the document must be valid before minutes of measuring
-            base = docs[0]
-        opts = ProfileOptions(
-            url=url,
-            model=args.model,
-            version=args.model_version,
-            batch_sizes=sizes,
-            warmup=args.warmup,
-            repeats=args.repeats,
-            quantile=args.quantile,
-            shapes=shapes,
-            latency_p99_ms=args.latency_p99_ms,
-            network_overhead_ms=args.network_ms,
-            base_document=base,
-            base_path=args.file or "",
-            seed=args.seed,
-        )
-        check_options(opts)
-    except OSError as e:
-        _err(err, f"{args.file}: cannot read: {e.strerror or e}")
-        return EXIT_USAGE
-    except SpecError as e:
-        for p in e.problems:
-            _err(err, f"{args.file}: {p}")
-        return EXIT_USAGE
-    except (ValueError, ProfileUsageError) as e:
-        _err(err, str(e))
-        return EXIT_USAGE
-    try:
-        run_profile(opts, out, err, output=args.output)
-    except ProfileUsageError as e:  # a flag or the file against the model on the server, before measuring
-        _err(err, one_line(str(e), limit=2000))
-        return EXIT_USAGE
-    except ProfileError as e:  # the server's words are cut to one line where they are quoted; this is the rest
-        _err(err, f"batchfill profile: {one_line(str(e), limit=2000)}")
-        return EXIT_FAILED
-    except SpecError as e:
-        for p in e.problems:
-            _err(err, f"measured profile: {p}")
-        return EXIT_USAGE
-    return EXIT_OK
+    return command(args, out, err)
 
 
 def cmd_crd(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from batchfill.api.crd import render_crd_yaml
+    from batchfill.cli.crd import command
 
-    sys.stdout.write(render_crd_yaml())
-    return EXIT_OK
+    return command(args, out, err)
 
 
 def cmd_serve(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """Measure, plan and serve on a local tritonserver.
-
-    SIGTERM stops tritonserver and removes the work directory as Ctrl-C does, and exits 143 (Ctrl-C: 130).
-    """
-    from batchfill.cli.serve import serve
-
-    # the flags before anything starts (a bad --load used to fail after tritonserver was up)
-    if not (0 < args.load <= 2):  # NaN too
-        _err(err, f"--load={args.load} must be in (0, 2]: the offered load as a fraction of the planned capacity")
+    """Measure, plan and serve on a local tritonserver (the test bed's)."""
+    if _without_extra("serve", "testbed", err):
         return EXIT_USAGE
-    if not (0 < args.duration <= 3600):
-        _err(err, f"--duration={args.duration} must be in (0, 3600] seconds of Poisson load")
-        return EXIT_USAGE
-    if args.seed < 0:
-        _err(err, f"--seed={args.seed} must be >= 0")
-        return EXIT_USAGE
-    bm = _one_model(args.file, "serve", err)
-    if isinstance(bm, int):
-        return bm
+    from batchfill.cli.serve import command
 
-    terminated = False
-
-    def interrupt(signum: int, frame: Any) -> None:
-        nonlocal terminated
-        terminated = True
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-        raise KeyboardInterrupt
-
-    import gevent  # tritonclient.http's event loop
-
-    # An interrupt that lands in gevent's hub reaches serve() all the same; the hub need not print it first.
-    hub = gevent.get_hub()
-    not_error = hub.NOT_ERROR
-    hub.NOT_ERROR = (*not_error, KeyboardInterrupt)
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        report = serve(
-            bm, out, load_fraction=args.load, duration_s=args.duration, measure=not args.no_measure, seed=args.seed
-        )
-    except SpecError as e:
-        for p in e.problems:
-            _err(err, f"{args.file}: {p}")
-        return EXIT_USAGE
-    except KeyboardInterrupt:  # serve() has stopped tritonserver and removed its work directory
-        if terminated:
-            return 128 + signal.SIGTERM  # 143, as if SIGTERM had killed the process (Ctrl-C: 130, in main)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        hub.NOT_ERROR = not_error
-    return EXIT_OK if report.sla_kept else EXIT_FAILED
+    return command(args, out, err)
 
 
 def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """Run the operator (kopf) until interrupted; with leader election, only while holding the Lease."""
-    import logging
+    from batchfill.cli.run import command
 
-    import kopf
-    from pydantic import ValidationError
-
-    from batchfill.controller.settings import OperatorSettings, describe_errors
-
-    try:
-        settings = OperatorSettings.from_env(
-            prometheus_url=args.prometheus_url,
-            namespaces=tuple(n for n in (args.namespaces or "").split(",") if n) or None,
-            log_format=args.log_format,
-            metrics_port=args.metrics_port,
-            reconcile_interval_s=args.interval,
-        )
-    except ValidationError as e:
-        for problem in describe_errors(e):
-            _err(err, f"setting {problem}")
-        return EXIT_USAGE
-    kopf.configure(
-        verbose=args.verbose, log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL
-    )
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    import batchfill.controller.handlers  # noqa: F401  (registers the handlers)
-    from batchfill.adapters import memory, operator_metrics
-
-    memory.limit_arenas()  # before any of the operator's threads allocates
-
-    elector = None
-    if settings.leader_election:
-        elector = _lead_or_wait(settings, args.liveness)
-        if elector is None:
-            return EXIT_OK  # stopped (SIGTERM/SIGINT) while standing by
-    operator_metrics.LEADER.set(1)
-    try:
-        kopf.run(
-            standalone=True,
-            clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces,
-            memo=kopf.Memo(settings=settings, elector=elector),  # elector: None without leader election
-            liveness_endpoint=args.liveness,
-        )
-    finally:
-        operator_metrics.LEADER.set(0)
-        if elector is not None:
-            elector.stop(release=True)  # kopf and the loops have stopped: a standby may take over at once
-    return EXIT_OK
-
-
-def _lead_or_wait(settings: OperatorSettings, liveness: str | None) -> LeaderElector | None:
-    """Block until this process holds the leader-election Lease; None when stopped while waiting.
-
-    While waiting, the liveness endpoint answers 200 (a standby is healthy) and /metrics is served with
-    batchfill_operator_leader 0. Once leading, a daemon thread renews the Lease; when a renewal fails for the renew
-    deadline or another holder shows up, the process exits at once with status 1 (as controller-runtime), so that
-    nothing acts without the Lease and the pod restarts as a standby.
-    """
-    import logging
-    import os
-    import threading
-
-    from kubernetes import client
-
-    from batchfill.adapters import operator_metrics
-    from batchfill.adapters.kube import load_config
-    from batchfill.adapters.leader import LeaderElector, StandbyHealth, default_identity
-
-    log = logging.getLogger("batchfill.leader")
-
-    def lost(reason: str) -> None:
-        log.critical("leader election lost (%s): exiting so that nothing acts without the Lease", reason)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_FAILED)  # at once, not a graceful kopf shutdown: a standby may be acting soon
-
-    load_config()
-    elector = LeaderElector(
-        client.ApiClient(),
-        settings.leader_election_lease_name,
-        settings.leader_election_namespace,
-        default_identity(),
-        settings.lease_timing,
-        on_lost=lost,
-    )
-    operator_metrics.serve(settings.metrics_port)
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    standby = StandbyHealth(liveness, lambda: {"leader": False, "identity": elector.identity}) if liveness else None
-    try:
-        acquired = elector.acquire(stop)
-    finally:
-        if standby is not None:
-            standby.close()  # kopf opens the same endpoint
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if not acquired:
-        return None
-    elector.start_renewing()
-    return elector
+    return command(args, out, err)
 
 
 def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -502,10 +92,12 @@ def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int
 
 def cmd_demo(args: argparse.Namespace, out: Console, err: Console) -> int:
     """The main job end to end: control plane, operator, the real example model on real tritonservers."""
+    if _without_extra("demo", "testbed", err):
+        return EXIT_USAGE
     from batchfill.cli.demo import DemoOptions, demo_main
 
     if not (0 < args.load <= 2) or not (0 < args.duration <= 3600):
-        _err(err, f"--load={args.load} must be in (0, 2] and --duration={args.duration} in (0, 3600] seconds")
+        err_line(err, f"--load={args.load} must be in (0, 2] and --duration={args.duration} in (0, 3600] seconds")
         return EXIT_USAGE
     options = DemoOptions(
         kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
@@ -645,9 +237,6 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=0, help="seed of the synthesized inputs and the planner (default 0)")
     pr.set_defaults(func=cmd_profile)
 
-    from batchfill.cli.simulate import TRACES
-    from batchfill.compare.run import POLICIES
-
     sim = sub.add_parser(
         "simulate",
         help="GPU-hours and SLO attainment of batchfill's autoscaling against HPA, KEDA, static peak and the lower "
@@ -686,22 +275,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(signal, "SIGPIPE"):  # `batchfill plan ... | head` ends quietly, as Unix tools do
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    args = build_parser().parse_args(argv)  # --help and usage errors exit here, before rich is imported
+    from rich.console import Console
+
     out = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
-    args = build_parser().parse_args(argv)
     if getattr(args, "rps", None) is not None and not (args.rps >= 0 and args.rps != float("inf")):
-        _err(err, f"--rps={args.rps} must be a finite number >= 0")
+        err_line(err, f"--rps={args.rps} must be a finite number >= 0")
         return EXIT_USAGE
     try:
         return int(args.func(args, out, err))
     except KeyboardInterrupt:
         return 130
-    except SpecError as e:  # pragma: no cover - commands catch their own
-        for prob in e.problems:
-            _err(err, str(prob))
-        return EXIT_USAGE
     except Exception as e:
-        _err(err, f"batchfill {args.command}: internal error: {type(e).__name__}: {e}")
+        # A SpecError comes from a loaded batchfill.api.errors; importing it here could fail as the command did.
+        errors = sys.modules.get("batchfill.api.errors")
+        if errors is not None and isinstance(e, errors.SpecError):  # pragma: no cover - commands catch their own
+            for prob in e.problems:
+                err_line(err, str(prob))
+            return EXIT_USAGE
+        err_line(err, f"batchfill {args.command}: internal error: {type(e).__name__}: {e}")
         return EXIT_FAILED
 
 

@@ -10,6 +10,7 @@ into. Nothing is printed and nothing is sent to the model before all of that pas
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from dataclasses import dataclass
@@ -31,11 +32,13 @@ from batchfill.adapters.profiler import (
     default_batch_sizes,
     input_maker,
     measure,
+    one_line,
     read_model_info,
 )
 from batchfill.api.errors import SpecError
 from batchfill.api.spec import SLASpec
-from batchfill.api.validate import load_model
+from batchfill.api.validate import load_model, parse_documents
+from batchfill.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err_line, read_text
 from batchfill.policy.plan import plan_batching
 
 #: Default quantile of the executions that becomes the profile value.
@@ -355,6 +358,71 @@ def _table(out: Console, info: ModelInfo, measured: list[SizeMeasurement], opts:
     out.print(t)
 
 
+def command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """Measure a live model's execution latency per batch size; print the profile and the plan it gives.
+
+    Bad flags, a bad -f file, and batch sizes the server's model cannot take exit 2 before anything is printed
+    or measured; a server, model or input problem exits 1; both as one line on stderr.
+    """
+    try:
+        sizes = tuple(int(b) for b in args.batch_sizes.split(",")) if args.batch_sizes else ()
+    except ValueError:
+        err_line(err, f"--batch-sizes {args.batch_sizes!r} must be comma-separated integers")
+        return EXIT_USAGE
+    if any(b < 1 for b in sizes):
+        err_line(err, f"--batch-sizes {args.batch_sizes!r}: every batch size must be >= 1")
+        return EXIT_USAGE
+    base = None
+    try:
+        url = check_url(args.url)  # before anything else: no client is ever made for a bad URL
+        shapes = tuple(parse_shape(s) for s in args.shape or [])
+        if args.file:
+            docs = parse_documents(read_text(args.file))
+            if len(docs) != 1:
+                raise ValueError(f"{args.file}: -f takes one BatchedModel, found {len(docs)} documents")
+            load_model(docs[0])  # the document must be valid before minutes of measuring
+            base = docs[0]
+        opts = ProfileOptions(
+            url=url,
+            model=args.model,
+            version=args.model_version,
+            batch_sizes=sizes,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            quantile=args.quantile,
+            shapes=shapes,
+            latency_p99_ms=args.latency_p99_ms,
+            network_overhead_ms=args.network_ms,
+            base_document=base,
+            base_path=args.file or "",
+            seed=args.seed,
+        )
+        check_options(opts)
+    except OSError as e:
+        err_line(err, f"{args.file}: cannot read: {e.strerror or e}")
+        return EXIT_USAGE
+    except SpecError as e:
+        for p in e.problems:
+            err_line(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    except (ValueError, ProfileUsageError) as e:
+        err_line(err, str(e))
+        return EXIT_USAGE
+    try:
+        run_profile(opts, out, err, output=args.output)
+    except ProfileUsageError as e:  # a flag or the file against the model on the server, before measuring
+        err_line(err, one_line(str(e), limit=2000))
+        return EXIT_USAGE
+    except ProfileError as e:  # the server's words are cut to one line where they are quoted; this is the rest
+        err_line(err, f"batchfill profile: {one_line(str(e), limit=2000)}")
+        return EXIT_FAILED
+    except SpecError as e:
+        for p in e.problems:
+            err_line(err, f"measured profile: {p}")
+        return EXIT_USAGE
+    return EXIT_OK
+
+
 __all__ = [
     "ProfileError",
     "ProfileOptions",
@@ -362,6 +430,7 @@ __all__ = [
     "batch_sizes_for",
     "check_file_matches",
     "check_options",
+    "command",
     "dump_document",
     "parse_shape",
     "run_profile",

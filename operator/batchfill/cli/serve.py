@@ -13,12 +13,15 @@ The model code comes from the examples shipped in the package, named by the anno
 
 from __future__ import annotations
 
+import argparse
 import math
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gevent  # tritonclient.http's event loop
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -36,6 +39,7 @@ from batchfill.adapters.triton_stats import (
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import BatchedModel, BatchedModelSpec, DataType, ProfilePoint
 from batchfill.api.status import PlanStatus
+from batchfill.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err_line, one_model
 from batchfill.policy.plan import plan_batching
 from batchfill.render import render_model_config
 from batchfill.testbed.loadgen import run_poisson
@@ -261,3 +265,53 @@ def _report_table(console: Console, r: ServeReport, load_fraction: float) -> Non
         console.print("note: the load generator fell behind its schedule; the offered load was lower than planned")
     verdict = "[green]SLA kept[/green]" if r.sla_kept else "[red]SLA missed[/red]"
     console.print(f"{verdict}: server p99 {_fmt(r.server_p99_ms)} ms against T = {p.serverBudgetMs:g} ms")
+
+
+def command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """Measure, plan and serve on a local tritonserver.
+
+    SIGTERM stops tritonserver and removes the work directory as Ctrl-C does, and exits 143 (Ctrl-C: 130).
+    """
+    # the flags before anything starts (a bad --load used to fail after tritonserver was up)
+    if not (0 < args.load <= 2):  # NaN too
+        err_line(err, f"--load={args.load} must be in (0, 2]: the offered load as a fraction of the planned capacity")
+        return EXIT_USAGE
+    if not (0 < args.duration <= 3600):
+        err_line(err, f"--duration={args.duration} must be in (0, 3600] seconds of Poisson load")
+        return EXIT_USAGE
+    if args.seed < 0:
+        err_line(err, f"--seed={args.seed} must be >= 0")
+        return EXIT_USAGE
+    bm = one_model(args.file, "serve", err)
+    if isinstance(bm, int):
+        return bm
+
+    terminated = False
+
+    def interrupt(signum: int, frame: Any) -> None:
+        nonlocal terminated
+        terminated = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+        raise KeyboardInterrupt
+
+    # An interrupt that lands in gevent's hub reaches serve() all the same; the hub need not print it first.
+    hub = gevent.get_hub()
+    not_error = hub.NOT_ERROR
+    hub.NOT_ERROR = (*not_error, KeyboardInterrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        report = serve(
+            bm, out, load_fraction=args.load, duration_s=args.duration, measure=not args.no_measure, seed=args.seed
+        )
+    except SpecError as e:
+        for p in e.problems:
+            err_line(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # serve() has stopped tritonserver and removed its work directory
+        if terminated:
+            return 128 + signal.SIGTERM  # 143, as if SIGTERM had killed the process (Ctrl-C: 130, in main)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        hub.NOT_ERROR = not_error
+    return EXIT_OK if report.sla_kept else EXIT_FAILED

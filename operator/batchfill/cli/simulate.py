@@ -6,6 +6,7 @@ and the targets, writes the PNG (and optionally JSON). Everything it prints is c
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -18,12 +19,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from batchfill.api.errors import SpecError
 from batchfill.api.spec import BatchedModelSpec
+from batchfill.cli.common import EXIT_OK, EXIT_USAGE, TRACES, err_line, one_model
 from batchfill.compare.report import COLUMN_LEGEND, COLUMNS, checks, figure, rows, table_cells
 from batchfill.compare.run import POLICIES, CompareError, Comparison, Options, check_policies, compare, prepare
 from batchfill.sim import traces
 
-TRACES = ("diurnal", "bursty", "spike", "step", "replay")
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|h|d)?\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -225,4 +227,63 @@ def run_simulation(
     return result
 
 
-__all__ = ["POLICIES", "TRACES", "CompareError", "TraceOptions", "build_trace", "parse_duration", "run_simulation"]
+def command(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """A BatchedModel against a trace under batchfill's policy and the baselines (fleet simulator)."""
+    bm = one_model(args.file, "simulate", err)
+    if isinstance(bm, int):
+        return bm
+    try:
+        numbers = {"--mean-rps": args.mean_rps, "--peak-rps": args.peak_rps, "--startup": args.startup}
+        for flag, value in numbers.items():
+            if value is not None and not (value >= 0 and value != float("inf")):
+                raise ValueError(f"{flag}={value} must be a finite number >= 0")
+        if args.mean_rps is not None and args.mean_rps == 0:
+            raise ValueError("--mean-rps=0 must be > 0 req/s")
+        if not 0 < args.hpa_gpu_target <= 100:
+            raise ValueError(f"--hpa-gpu-target={args.hpa_gpu_target} must be a percentage in (0, 100]")
+        if args.seed < 0:
+            raise ValueError(f"--seed={args.seed} must be >= 0")
+        trace_opts = TraceOptions(
+            kind=args.trace,
+            mean_rps=args.mean_rps,
+            duration_s=parse_duration(args.duration, "--duration") if args.duration else None,
+            peak_to_trough=args.peak_to_trough,
+            cv=args.cv,
+            peak_rps=args.peak_rps,
+            start_s=parse_duration(args.start, "--start") if args.start else None,
+            length_s=parse_duration(args.length, "--length") if args.length else None,
+            rates_file=args.rates,
+            seed=args.seed,
+        )
+        options = Options(startup_s=args.startup, hpa_gpu_target=args.hpa_gpu_target / 100.0, seed=args.seed)
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        run_simulation(
+            bm.spec,
+            trace_opts,
+            policies,
+            options,
+            out,
+            err,
+            plot=None if args.plot == "" else Path(args.plot),
+            json_path=Path(args.json) if args.json else None,
+        )
+    except SpecError as e:
+        for p in e.problems:
+            err_line(err, f"{args.file}: {p}")
+        return EXIT_USAGE
+    except (CompareError, ValueError) as e:
+        err_line(err, f"{args.file}: {e}")
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+__all__ = [
+    "POLICIES",
+    "TRACES",
+    "CompareError",
+    "TraceOptions",
+    "build_trace",
+    "command",
+    "parse_duration",
+    "run_simulation",
+]
