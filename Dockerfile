@@ -1,4 +1,7 @@
 # The batchfill operator image: `docker build -t batchfill:0.1.0 .` (the Helm chart's default image).
+# It runs `batchfill run` and installs the package's base dependencies only (pyproject.toml): no extra, so no
+# tritonserver, onnxruntime or matplotlib. `make image-check` installs the same into a fresh venv and runs the
+# operator's commands there (scripts/check_operator_image.py).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
