@@ -56,7 +56,7 @@ plan: $(STAMP)
 	$(BIN)/batchfill plan examples/seed-example.yaml --rps 500
 
 # The operator image's package set (the Dockerfile's `pip install` line) in a fresh venv, without Docker: the
-# operator's commands work and no test bed or matplotlib is installed (about 2 minutes).
+# operator's commands work and no test bed or matplotlib is installed (one to two minutes).
 image-check: $(STAMP)
 	$(BIN)/python scripts/check_operator_image.py --python $(PYTHON)
 

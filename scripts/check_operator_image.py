@@ -14,8 +14,8 @@ the image must do and must not carry:
   with the one line naming their extra;
 * ``pip check`` finds the installed set consistent.
 
-Prints one line per check; exits 0 when all passed, 1 otherwise, 2 when the install itself failed. Takes about a
-minute with a warm pip cache (longer than a unit test should), hence a script.
+Prints one line per check; exits 0 when all passed, 1 otherwise, 2 when the install itself failed. Takes one to two
+minutes on this machine (longer than a unit test should take), hence a script.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The operator image installs the base dependencies only, from a build context that .dockerignore lets in.
 
-Installing that set into a fresh venv and running the operator's commands there takes a couple of minutes, so it
+Installing that set into a fresh venv and running the operator's commands there takes one to two minutes, so it
 is a script (scripts/check_operator_image.py, `make image-check`); these tests check, fast, what it reads.
 """
 
