@@ -74,8 +74,8 @@ from batchfill.cli.demo import (
 from batchfill.controller.settings import OperatorSettings
 from batchfill.render.kube import CHILDREN_SELECTOR
 from batchfill.testbed import devcluster
+from batchfill.testbed.process import free_port
 from batchfill.testbed.prometheus_local import LocalPrometheus
-from batchfill.testbed.triton_local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_JSON = ROOT / "benchmarks" / "out" / "scale.json"

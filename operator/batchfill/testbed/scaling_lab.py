@@ -62,8 +62,9 @@ from batchfill.policy.signals import ModelSignals
 from batchfill.render import config_with_parameters, render_model_config
 from batchfill.testbed.loadgen import grpc_fp32_input, varying_poisson_arrivals
 from batchfill.testbed.model_repo import write_model
+from batchfill.testbed.process import LOOPBACK, free_ports
 from batchfill.testbed.prometheus_local import LocalPrometheus, ScrapeTarget
-from batchfill.testbed.triton_local import LOOPBACK, LocalTriton, free_port
+from batchfill.testbed.triton_local import LocalTriton
 
 SLEEP_INPUT = "INPUT0"
 SLEEP_OUTPUT = "OUTPUT0"
@@ -436,14 +437,6 @@ class LabResult:
         return out
 
 
-def _distinct_free_ports(n: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < n:
-        if (p := free_port()) not in ports:
-            ports.append(p)
-    return ports
-
-
 def need_for(rate_rps: float, capacity_rps: float, scaling: ScalingSpec) -> int:
     """The load-proportional count for ``rate_rps`` (:func:`batchfill.policy.plan.replicas_for`)."""
     return replicas_for(rate_rps, capacity_rps, scaling.targetUtilization, scaling.minReplicas, scaling.maxReplicas)
@@ -553,7 +546,7 @@ class ScalingLab:
     async def _start_server(self, rec: ServerRecord) -> None:
         assert self._dir is not None
         log = self._dir / f"{rec.pod}.log"
-        http, grpc, metrics = _distinct_free_ports(3)
+        http, grpc, metrics = free_ports(3)
         triton = LocalTriton(
             self.repo, http_port=http, grpc_port=grpc, metrics_port=metrics, log_path=log, startup_timeout_s=120.0
         )
