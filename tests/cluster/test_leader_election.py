@@ -35,9 +35,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters.leader import LeaderElector
-from batchfill.cli.demo import OPERATOR_NS, install_operator_rbac, operator_as_service_account
 from batchfill.policy.leader import LeaseTiming
 from batchfill.testbed import devcluster
+from batchfill.testbed.install import OPERATOR_NS, install_operator_rbac, operator_as_service_account
 from batchfill.testbed.process import free_port
 
 from .support import Kube, rbac_denials, temp_namespace, wait_for
