@@ -24,8 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from batchfill.cli.demo import GROUP, PLURAL, VERSION, install_operator_rbac, model_volume, operator_as_service_account
 from batchfill.testbed import devcluster
+from batchfill.testbed.install import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    install_operator_rbac,
+    model_volume,
+    operator_as_service_account,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "fleet"

@@ -62,20 +62,20 @@ from rich.console import Console
 from rich.table import Table
 
 from batchfill import reconcile
-from batchfill.cli.demo import (
+from batchfill.cli.demo import sigterm_as_interrupt
+from batchfill.controller.settings import OperatorSettings
+from batchfill.render.kube import CHILDREN_SELECTOR
+from batchfill.testbed import devcluster
+from batchfill.testbed.install import (
     GROUP,
     PLURAL,
     VERSION,
     install_operator_rbac,
     model_volume,
     operator_as_service_account,
-    sigterm_as_interrupt,
 )
-from batchfill.controller.settings import OperatorSettings
-from batchfill.render.kube import CHILDREN_SELECTOR
-from batchfill.testbed import devcluster
+from batchfill.testbed.process import free_port
 from batchfill.testbed.prometheus_local import LocalPrometheus
-from batchfill.testbed.triton_local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_JSON = ROOT / "benchmarks" / "out" / "scale.json"

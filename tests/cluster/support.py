@@ -75,7 +75,7 @@ class Operator:
     kill (SIGKILL) and start again, as a Deployment's kubelet would restart it.
 
     Each run logs to ``<work>/<log_name>-<run>.log``; :meth:`logs` is all runs' logs. ``env`` and ``args`` are passed
-    to every run (:func:`batchfill.cli.demo.operator_as_service_account`).
+    to every run (:func:`batchfill.testbed.install.operator_as_service_account`).
     """
 
     def __init__(
@@ -95,7 +95,7 @@ class Operator:
         return self.work / f"{self.log_name}-{run}.log"
 
     def start(self) -> None:
-        from batchfill.cli.demo import operator_as_service_account
+        from batchfill.testbed.install import operator_as_service_account
 
         self.runs += 1
         self._stack = ExitStack()

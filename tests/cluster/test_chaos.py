@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.cli.demo import install_operator_rbac
 from batchfill.testbed import devcluster
+from batchfill.testbed.install import install_operator_rbac
 
 from .conftest import USE_EXISTING
 from .support import DenyPolicy, Kube, Operator, model_volume, temp_namespace, until, wait_for

@@ -31,7 +31,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.cli.demo import install_operator_rbac, operator_as_service_account
+from batchfill.testbed.install import install_operator_rbac, operator_as_service_account
 
 from ..fuzz_specs import MIB, SEED_SPEC, numbers, sample_specs
 from .support import Kube, model_volume, rbac_denials, temp_namespace, wait_for

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -36,9 +35,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters.leader import LeaderElector
-from batchfill.cli.demo import OPERATOR_NS, install_operator_rbac, operator_as_service_account
 from batchfill.policy.leader import LeaseTiming
 from batchfill.testbed import devcluster
+from batchfill.testbed.install import OPERATOR_NS, install_operator_rbac, operator_as_service_account
+from batchfill.testbed.process import free_port
 
 from .support import Kube, rbac_denials, temp_namespace, wait_for
 
@@ -275,12 +275,6 @@ def test_leader_cut_off_from_the_api_server_gives_up_before_anyone_else_leads(
 
 
 # --- end to end: `batchfill run` as the install's ServiceAccount ----------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def liveness(port: int) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:

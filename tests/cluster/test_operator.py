@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.cli.demo import install_operator_rbac, operator_as_service_account
+from batchfill.testbed.install import install_operator_rbac, operator_as_service_account
 
 from .conftest import USE_EXISTING
 from .support import Kube, model_volume, rbac_denials, require_gpus, temp_namespace, until, wait_for

@@ -169,7 +169,7 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    from batchfill.cli.demo import install_operator_rbac
+    from batchfill.testbed.install import install_operator_rbac
 
     work = tmp_path_factory.mktemp("scaling")
     install_operator_rbac(kube.kubeconfig, work)

@@ -17,7 +17,8 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 
 from batchfill.testbed.model_repo import write_model
-from batchfill.testbed.triton_local import LocalTriton, process_group_alive
+from batchfill.testbed.process import process_group_alive
+from batchfill.testbed.triton_local import LocalTriton
 
 SLEEP_INPUT = "INPUT0"
 SLEEP_OUTPUT = "OUTPUT0"

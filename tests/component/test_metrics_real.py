@@ -47,8 +47,9 @@ from batchfill.adapters.triton_stats import ModelStats, delta, read_model_stats
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.testbed.loadgen import LoadResult, grpc_fp32_input, run_poisson
 from batchfill.testbed.model_repo import write_model
+from batchfill.testbed.process import free_ports
 from batchfill.testbed.prometheus_local import DEFAULT_BINARY, LocalPrometheus, ScrapeTarget
-from batchfill.testbed.triton_local import LocalTriton, free_port
+from batchfill.testbed.triton_local import LocalTriton
 
 from .conftest import SLEEP_DIMS, SLEEP_INPUT, sleep_config_pb, with_parameters
 
@@ -109,10 +110,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     config = sleep_config_pb(MODEL, MAX_BATCH, preferred=[], queue_delay_us=QUEUE_DELAY_US)
     write_model(repo, MODEL, with_parameters(config, alpha_ms=ALPHA_MS, beta_ms=BETA_MS), "sleep_model")
     # Fixed ports for triton-a, so its restart keeps the scrape address (a restarted container keeps its pod IP).
-    ports: list[int] = []
-    while len(ports) < 3:
-        if (p := free_port()) not in ports:
-            ports.append(p)
+    ports = free_ports(3)
     a = LocalTriton(repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_path=root / "a.log")
     b = LocalTriton(repo, log_path=root / "b.log")
     prom = LocalPrometheus(scrape_interval_s=SCRAPE_S, work_dir=root / "prometheus")

@@ -22,7 +22,8 @@ from batchfill.api.status import PlanStatus
 from batchfill.render import render_model_config
 from batchfill.testbed.loadgen import grpc_fp32_input, run_poisson
 from batchfill.testbed.model_repo import write_model
-from batchfill.testbed.triton_local import LocalTriton, TritonStartError, process_group_alive
+from batchfill.testbed.process import process_group_alive
+from batchfill.testbed.triton_local import LocalTriton, TritonStartError
 
 from .conftest import SLEEP_DIMS, SLEEP_INPUT, http_fp32_inputs, load_model, sleep_config_pb, with_parameters
 

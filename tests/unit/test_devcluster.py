@@ -1,7 +1,8 @@
-"""Unit tests of the dev-cluster adapter's parts that need no Kubernetes binaries (PKI, manifests, PIDs)."""
+"""Unit tests of the dev cluster's parts that need no Kubernetes binaries (PKI, manifests, PIDs, the CLI entry)."""
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
@@ -9,8 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
+from batchfill.cli.dev_cluster import dev_cluster_main
 from batchfill.testbed import devcluster
+from batchfill.testbed.devcluster.binaries import VERSION_OF
+from batchfill.testbed.devcluster.components import start_component, stop_components
+from batchfill.testbed.devcluster.kubeconfig import cluster_of
+from batchfill.testbed.process import Process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +52,7 @@ def test_missing_binaries_follows_files_and_version_stamps(tmp_path: Path, monke
     bins.mkdir(parents=True)
     for name in devcluster.BINARIES:
         (bins / name).write_text("#!/bin/sh\n")
-        (bins / f".{name}.version").write_text(devcluster._VERSION_OF[name] + "\n")
+        (bins / f".{name}.version").write_text(VERSION_OF[name] + "\n")
     stage = devcluster.kwok_stages_dir() / "node" / "fast" / "node-initialize.yaml"
     stage.parent.mkdir(parents=True)
     stage.write_text("kind: Stage\n")
@@ -54,6 +61,27 @@ def test_missing_binaries_follows_files_and_version_stamps(tmp_path: Path, monke
     assert devcluster.missing_binaries() == ["etcd"]
     with pytest.raises(devcluster.BinariesUnavailableError, match="etcd"):
         devcluster.ensure_binaries(build=False)
+
+
+def test_build_progress_lines_are_printed_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not on a terminal rich wraps at 80 columns and takes ``[build-k8s]`` for markup: neither may happen."""
+    line = (
+        "[build-k8s] Kubernetes v1.36.5: go build kube-apiserver kube-controller-manager: building, 30 s elapsed, log x"
+    )
+    script = tmp_path / "build.sh"
+    script.write_text(f"echo 'go: noise'\necho '{line}'\n")
+    monkeypatch.setenv("BATCHFILL_K8S_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BATCHFILL_BUILD_K8S_SCRIPT", str(script))
+    out = io.StringIO()
+    console = Console(file=out, width=80, log_path=False)
+    assert not console.is_terminal
+    with pytest.raises(devcluster.BinariesUnavailableError, match="still missing"):  # the fake build builds nothing
+        devcluster.ensure_binaries(console)
+    printed = out.getvalue().splitlines()
+    assert line in printed
+    assert not any("go: noise" in p for p in printed)  # only the script's own progress lines
+    assert printed[0].startswith("building etcd, ")
+    assert printed[0].endswith(f"log: {devcluster.cache_root() / devcluster.K8S_VERSION / 'build.log'}")
 
 
 def test_fake_gpu_node_advertises_gpus_and_gfd_labels() -> None:
@@ -87,26 +115,27 @@ def test_pki_chain_and_admin_identity(tmp_path: Path) -> None:
 
 def test_kubeconfig_round_trip_and_external_ca_file(tmp_path: Path) -> None:
     kc = devcluster.write_kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443", "Q0E=", "u", {"token": "t"})
-    assert devcluster._cluster_of(kc) == ("https://127.0.0.1:6443", "Q0E=", "batchfill-dev")
+    assert cluster_of(kc) == ("https://127.0.0.1:6443", "Q0E=", "batchfill-dev")
     assert oct(kc.stat().st_mode & 0o777) == "0o600"
     (tmp_path / "ca.crt").write_bytes(b"CA")
     doc = yaml.safe_load(kc.read_text())
     doc["clusters"][0]["cluster"] = {"server": "https://x", "certificate-authority": "ca.crt"}
     kc.write_text(yaml.safe_dump(doc))
-    assert devcluster._cluster_of(kc) == ("https://x", "Q0E=", "batchfill-dev")
+    assert cluster_of(kc) == ("https://x", "Q0E=", "batchfill-dev")
 
 
 def test_stop_kills_only_the_process_it_started(tmp_path: Path) -> None:
-    (tmp_path / "logs").mkdir()
-    sleeper = devcluster._spawn("sleeper", ["/bin/sleep", "60"], tmp_path, die_with_parent=True)
-    assert devcluster._alive(sleeper)
+    sleeper = start_component("sleeper", ["/bin/sleep", "60"], tmp_path, die_with_parent=True)
+    assert sleeper.alive()
+    assert (tmp_path / "logs" / "sleeper.log").is_file()
     # A record whose start time differs is a reused PID: never signalled.
-    impostor = devcluster._Proc(pid=sleeper.pid, start_ticks=sleeper.start_ticks + 1, exe=sleeper.exe)
-    assert not devcluster._alive(impostor)
-    assert devcluster._stop({"x": impostor}, grace_s=0.5) == []
-    assert devcluster._alive(sleeper)
-    assert devcluster._stop({"sleeper": sleeper}, grace_s=5) == []
-    assert not devcluster._alive(sleeper)
+    impostor = Process.from_record({**sleeper.record(), "start_ticks": sleeper.start_ticks + 1})
+    assert not impostor.alive()
+    assert stop_components({"x": impostor}) == []
+    assert sleeper.alive()
+    # The record read back (as `down` reads cluster.json) is still this interpreter's child: stopped and reaped.
+    assert stop_components({"sleeper": Process.from_record(sleeper.record())}) == []
+    assert not sleeper.alive()
     assert not Path(f"/proc/{sleeper.pid}").exists()
 
 
@@ -121,12 +150,12 @@ def test_run_dir_safety(tmp_path: Path) -> None:
 
 
 def test_dev_cluster_main_exit_codes(tmp_path: Path) -> None:
-    assert devcluster.dev_cluster_main("sideways", run_dir=tmp_path) == 2
-    assert devcluster.dev_cluster_main("status", run_dir=tmp_path / "none") == 3
-    assert devcluster.dev_cluster_main("down", run_dir=tmp_path / "none") == 0
+    assert dev_cluster_main("sideways", run_dir=tmp_path) == 2
+    assert dev_cluster_main("status", run_dir=tmp_path / "none") == 3
+    assert dev_cluster_main("down", run_dir=tmp_path / "none") == 0
 
 
-def test_module_is_runnable() -> None:
-    r = subprocess.run([sys.executable, "-m", "batchfill.testbed.devcluster", "--help"], capture_output=True, text=True)
+def test_command_is_runnable() -> None:
+    r = subprocess.run([sys.executable, "-m", "batchfill.cli", "dev-cluster", "--help"], capture_output=True, text=True)
     assert r.returncode == 0
     assert "up" in r.stdout

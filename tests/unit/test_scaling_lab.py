@@ -13,23 +13,17 @@ import pytest
 
 from batchfill.api.status import PlanStatus
 from batchfill.testbed.loadgen import varying_poisson_arrivals
-from batchfill.testbed.scaling_lab import (
-    LabConfig,
-    LabResult,
-    LoadSchedule,
-    Phase,
-    RampShape,
-    ServerRecord,
-    TickRecord,
+from batchfill.testbed.scaling_lab.analysis import (
     latency_windows,
     lower_bound_replica_seconds,
     need_steps,
     phase_stats,
     reactions,
     replica_seconds,
-    sleep_model_config,
-    sleep_spec,
 )
+from batchfill.testbed.scaling_lab.config import LabConfig, sleep_model_config, sleep_spec
+from batchfill.testbed.scaling_lab.records import LabResult, ServerRecord, TickRecord
+from batchfill.testbed.scaling_lab.schedule import LoadSchedule, Phase, RampShape
 
 
 def test_varying_arrivals_follow_the_rate_and_are_seeded() -> None:

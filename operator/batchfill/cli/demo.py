@@ -21,11 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -42,28 +39,26 @@ from batchfill.adapters.triton_stats import summary_quantile_ms
 from batchfill.render import config_on_cpu, config_with_parameters
 from batchfill.render.kube import GRPC_PORT, HTTP_PORT, METRICS_PORT, MODEL_LABEL
 from batchfill.testbed import devcluster
+from batchfill.testbed.install import (
+    CLAIM,
+    GROUP,
+    OPERATOR_NS,
+    OPERATOR_SA,
+    PLURAL,
+    VERSION,
+    install_operator_rbac,
+    model_volume,
+    operator_as_service_account,
+)
+from batchfill.testbed.install import kubectl_stdout as _kubectl
+from batchfill.testbed.install import server_side_apply as _apply
 from batchfill.testbed.loadgen import LoadResult, grpc_fp32_input, run_poisson
 from batchfill.testbed.model_repo import write_model
 from batchfill.testbed.triton_local import LocalTriton
 
 ROOT = Path(__file__).resolve().parents[3]
-GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
-OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
-#: deploy/base minus the operator's own Deployment (the demo runs the operator here, as its ServiceAccount).
-INSTALL_KINDS = frozenset(
-    {
-        "Namespace",
-        "CustomResourceDefinition",
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
-    }
-)
 EXAMPLE = ROOT / "deploy" / "examples" / "ocr-recognizer.yaml"
 EXAMPLE_MODEL = "ocr_recognizer"  # the shipped model.py the example's annotation names
-CLAIM = "triton-models"
 
 
 class DemoError(RuntimeError):
@@ -111,17 +106,6 @@ def _until(what: str, fn: Callable[[], Any], timeout_s: float, console: Console,
                 return value
             time.sleep(0.5)
     raise DemoError(f"timed out after {timeout_s:g} s {what}\n{diag()}")
-
-
-def _kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
-    return devcluster.kubectl(kubeconfig, *args, check=check, timeout_s=120).stdout
-
-
-def _apply(kubeconfig: Path, docs: list[dict[str, Any]], path: Path) -> None:
-    path.write_text(yaml.safe_dump_all(docs))
-    _kubectl(
-        kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=batchfill-demo", "-f", str(path)
-    )
 
 
 class PodTritons:
@@ -352,71 +336,6 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
                 )
         console.log("stopping what the demo started (tritonservers, operator, control plane or demo objects) ...")
         return result
-
-
-def install_operator_rbac(kubeconfig: Path, work: Path) -> None:
-    """Server-side apply deploy/base without the operator's Deployment; wait for the CRD to be Established."""
-    rendered = _kubectl(kubeconfig, "kustomize", str(ROOT / "deploy" / "base"))
-    install = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in INSTALL_KINDS]
-    _apply(kubeconfig, install, work / "install.yaml")
-    _kubectl(kubeconfig, "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
-
-
-@contextlib.contextmanager
-def operator_as_service_account(
-    kubeconfig: Path, work: Path, log_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
-) -> Iterator[subprocess.Popen[bytes]]:
-    """``batchfill run`` with a token of the install's ServiceAccount (its RBAC, not the admin's); stopped on exit."""
-    sa_config = devcluster.service_account_kubeconfig(kubeconfig, OPERATOR_NS, OPERATOR_SA, work / "sa.kubeconfig")
-    full_env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0", **(env or {}))
-    with log_path.open("wb") as log_file:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "batchfill.cli", "run", *args],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-        )
-        try:
-            yield operator
-        finally:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait()
-
-
-def model_volume(ns: str, name: str, path: Path) -> list[dict[str, Any]]:
-    """A statically bound hostPath PersistentVolume + claim holding the model repository."""
-    pv = f"{CLAIM}-{ns}-{name}"
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": str(path)},
-                "claimRef": {"namespace": ns, "name": CLAIM},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": CLAIM, "namespace": ns},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": pv,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    ]
 
 
 def _load(

@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int:
     """A real local control plane (etcd, kube-apiserver, scheduler, controller-manager, kwok GPU nodes)."""
-    from batchfill.testbed.devcluster import dev_cluster_main
+    from batchfill.cli.dev_cluster import dev_cluster_main
 
     return dev_cluster_main(
         args.action,

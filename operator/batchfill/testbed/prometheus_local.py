@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -30,12 +29,19 @@ import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
-from batchfill.testbed.triton_local import LOOPBACK, free_port, stop_process_group
+from batchfill.testbed.process import (
+    LOOPBACK,
+    LocalServer,
+    Process,
+    ProcessError,
+    free_port,
+    start_with_port_retries,
+    tail,
+)
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 JOB = "triton"
@@ -84,7 +90,7 @@ class ScrapeTarget:
         return {"targets": [self.address], "labels": labels}
 
 
-class LocalPrometheus:
+class LocalPrometheus(LocalServer):
     """A Prometheus server on loopback scraping ``targets``; use as a context manager.
 
     >>> with LocalPrometheus([ScrapeTarget.from_url(t.metrics_url, "ns1", "triton-a")]) as prom:  # doctest: +SKIP
@@ -136,8 +142,7 @@ class LocalPrometheus:
         self.stop_grace_s = stop_grace_s
         self.job = job
         self._targets: list[ScrapeTarget] = list(targets)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file: Any = None
+        self._process: Process | None = None
         self._failed = False
 
     # -- addresses and files ----------------------------------------------------------------------------
@@ -145,10 +150,6 @@ class LocalPrometheus:
     def url(self) -> str:
         """Base URL of the HTTP API, e.g. ``http://127.0.0.1:9090``."""
         return f"http://{LOOPBACK}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     @property
     def targets(self) -> list[ScrapeTarget]:
@@ -216,41 +217,34 @@ class LocalPrometheus:
         ]
 
     def start(self) -> LocalPrometheus:
-        """Write config and targets, start the server and wait for ``/-/ready``."""
-        if self._proc is not None:
+        """Write config and targets, start the server and wait for ``/-/ready``.
+
+        Raises :class:`PrometheusStartError` (with the log's tail) when it exits or is not ready in
+        ``startup_timeout_s``; a free port taken before the server bound it is picked again (3 tries).
+        """
+        if self._process is not None:
             raise RuntimeError("prometheus is already running")
         if not os.access(self.binary, os.X_OK):
             raise PrometheusStartError(f"{self.binary} is not an executable (apt-get install prometheus)")
         d = self._dir()
         (d / "prometheus.yml").write_text(yaml.safe_dump(self.config(), sort_keys=False))
         self._write_targets()
-        attempts = 1 if self._fixed_port or self.port else 3
-        for attempt in range(attempts):
-            if not self.port:
-                self.port = free_port()
-            self._spawn()
-            try:
-                self.wait_ready(self.startup_timeout_s)
-                return self
-            except PrometheusStartError:
-                retry = attempt + 1 < attempts and "address already in use" in self.log_tail(20)
-                self.stop()
-                if not retry:
-                    self._failed = True
-                    raise
-                self.port = 0
-        raise AssertionError("unreachable")
+        keep_port = bool(self._fixed_port or self.port)  # a restart after stop() keeps its port
+        try:
+            return start_with_port_retries(
+                lambda: self._start_once(keep_port), attempts=1 if keep_port else 3, stop=self.stop,
+                log_tail=self.log_tail,
+            )  # fmt: skip
+        except PrometheusStartError:
+            self._failed = True
+            raise
 
-    def _spawn(self) -> None:
-        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._proc = subprocess.Popen(
-            self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            cwd=str(self._dir()),
-            start_new_session=True,  # own process group: stop() signals exactly this server
-        )
+    def _start_once(self, keep_port: bool) -> LocalPrometheus:
+        if not keep_port:
+            self.port = free_port()
+        self._process = Process.start(self.command(), self.log_path, name="prometheus", cwd=self._dir())
+        self.wait_ready(self.startup_timeout_s)
+        return self
 
     def _get(self, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
         try:
@@ -261,23 +255,12 @@ class LocalPrometheus:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until ``/-/ready`` answers 200; raise :class:`PrometheusStartError` otherwise."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            proc = self._proc
-            if proc is None or proc.poll() is not None:
-                code = None if proc is None else proc.returncode
-                raise PrometheusStartError(
-                    f"prometheus exited with code {code} before it was ready; log {self.log_path}\n" + self.log_tail()
-                )
-            with contextlib.suppress(OSError):
-                if self._get("/-/ready", 1.0)[0] == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise PrometheusStartError(
-                    f"prometheus (pid {proc.pid}) not ready after {timeout_s:.0f} s on {self.url}; "
-                    f"log {self.log_path}\n" + self.log_tail()
-                )
-            time.sleep(0.1)
+        if self._process is None:
+            raise PrometheusStartError("prometheus is not running")
+        try:
+            self._process.wait_ready(lambda: self._get("/-/ready", 1.0)[0] == 200, timeout_s, where=self.url)
+        except ProcessError as e:
+            raise PrometheusStartError(f"{e}\n{self.log_tail()}") from None
 
     def api(self, path: str, **params: str) -> Any:
         """``data`` of a JSON answer of the HTTP API (``api("/api/v1/query", query="up")``)."""
@@ -307,29 +290,12 @@ class LocalPrometheus:
             time.sleep(0.2)
 
     def log_tail(self, lines: int = 20) -> str:
-        if self._log_file is not None:
-            with contextlib.suppress(Exception):
-                self._log_file.flush()
-        if self.work_dir is None or not self.log_path.exists():
-            return ""
-        with open(self.log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 32 * 1024))
-            text = f.read().decode(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return "" if self.work_dir is None else tail(self.log_path, lines)
 
     def stop(self) -> int | None:
         """SIGTERM, wait ``stop_grace_s``, then SIGKILL the server's process group; keeps port and TSDB."""
-        proc, self._proc = self._proc, None
-        code = stop_process_group(proc, self.stop_grace_s) if proc is not None else None
-        if self._log_file is not None:
-            with contextlib.suppress(Exception):
-                self._log_file.close()
-            self._log_file = None
-        return code
+        process, self._process = self._process, None
+        return process.stop(self.stop_grace_s) if process is not None else None
 
     def close(self) -> None:
         """:meth:`stop`, then remove the work directory (kept if a run failed or ``keep_dir``)."""
@@ -339,23 +305,6 @@ class LocalPrometheus:
         if self.work_dir is not None and not self.keep_dir and not self._failed and self._given_dir is None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir = None
-
-    def __enter__(self) -> LocalPrometheus:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # last resort; normal code uses the context manager
-        with contextlib.suppress(Exception):
-            if self._proc is not None and self._proc.poll() is None:
-                self.stop()
 
 
 @contextlib.contextmanager

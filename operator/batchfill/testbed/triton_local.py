@@ -12,7 +12,7 @@ one Python-backend stub per CPython version. Two things make it work outside a c
 
 Every socket binds to loopback. :class:`LocalTriton` is a context manager that starts the server, waits for
 ``/v2/health/ready`` and stops it by its own PID (SIGTERM, then SIGKILL of its process group after a grace
-period), so no test ever needs to kill processes by name.
+period; the lifecycle of :mod:`batchfill.testbed.process`), so no test ever needs to kill processes by name.
 """
 
 from __future__ import annotations
@@ -23,21 +23,32 @@ import importlib.util
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-LOOPBACK = "127.0.0.1"
+from batchfill.testbed.process import (
+    LOOPBACK,
+    LocalServer,
+    Process,
+    ProcessError,
+    free_ports,
+    start_with_port_retries,
+    tail,
+    tail_errors,
+)
+
 # A Triton log line of severity E: "E1129 12:53:21.892942 15207 file.cc:1460] ..."
 _ERROR_LINE = re.compile(r"^E\d{4} ")
+
+
+def _is_error_line(line: str) -> bool:
+    """A Triton error (severity E), a protobuf parser ERROR, or an ``error:`` line of the server's own."""
+    return bool(_ERROR_LINE.match(line)) or "ERROR" in line or line.startswith("error:")
 
 
 class TritonNotInstalledError(RuntimeError):
@@ -137,22 +148,6 @@ def prepare_backend_dir(installation: TritonInstallation | None = None, cache_di
     return root
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _free_ports(n: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < n:
-        p = free_port()
-        if p not in ports:
-            ports.append(p)
-    return ports
-
-
 def server_env(installation: TritonInstallation, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment tritonserver and its Python-backend stubs need (see the module docstring)."""
     env = dict(os.environ if base is None else base)
@@ -162,51 +157,7 @@ def server_env(installation: TritonInstallation, base: dict[str, str] | None = N
     return env
 
 
-def process_group_alive(pgid: int) -> bool:
-    """Whether any process is still in process group ``pgid`` (Linux /proc; False elsewhere)."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return False
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid):
-            return True
-    return False
-
-
-def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float, reap_s: float = 0.0) -> int | None:
-    """Stop a server started with ``start_new_session=True`` (it leads its own process group).
-
-    SIGTERM, up to ``grace_s`` for it to exit, then SIGKILL to the group; then up to ``reap_s`` for children that
-    outlive it (Triton's Python-backend stubs) before SIGKILL to whatever is left. Returns the exit code.
-    """
-    pgid = proc.pid
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    deadline = time.monotonic() + reap_s
-    while process_group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if process_group_alive(pgid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-    return proc.returncode
-
-
-class LocalTriton:
+class LocalTriton(LocalServer):
     """A tritonserver subprocess on loopback; use as a context manager.
 
     >>> with LocalTriton("/path/to/model_repository") as triton:   # doctest: +SKIP
@@ -277,8 +228,7 @@ class LocalTriton:
         self._was_ready = False
         self.log_path: Path | None = Path(log_path) if log_path is not None else None
         self.http_port = self.grpc_port = self.metrics_port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file: Any = None
+        self._process: Process | None = None
 
     # -- addresses --------------------------------------------------------------------------------------
     @property
@@ -295,10 +245,6 @@ class LocalTriton:
     def metrics_url(self) -> str:
         """Full URL of the Prometheus metrics endpoint."""
         return f"http://{self.host}:{self.metrics_port}/metrics"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def http_client(self, **kwargs: Any) -> Any:
         """A new ``tritonclient.http.InferenceServerClient`` for this server."""
@@ -347,96 +293,56 @@ class LocalTriton:
         return cmd
 
     def start(self) -> LocalTriton:
-        if self._proc is not None:
+        """Start the server on free ports (or the fixed ones) and wait for ``/v2/health/ready``.
+
+        Raises :class:`TritonStartError` (with the log's error lines and tail) when it exits or is not ready in
+        ``startup_timeout_s``; a port taken between its pick and the server's bind is picked again (3 tries).
+        """
+        if self._process is not None:
             raise RuntimeError("tritonserver is already running")
         inst = self._installation = self._installation or find_installation()
         if not self.model_repository.is_dir():
             raise TritonStartError(f"model repository {self.model_repository} is not a directory")
-        auto_ports = not any(self._fixed_ports)
-        attempts = 3 if auto_ports else 1
-        for attempt in range(attempts):
-            free = _free_ports(3)
-            self.http_port, self.grpc_port, self.metrics_port = (
-                fixed or auto for fixed, auto in zip(self._fixed_ports, free, strict=True)
-            )
-            self._spawn(inst)
-            try:
-                self.wait_ready(self.startup_timeout_s)
-                self._was_ready = True
-                return self
-            except TritonStartError:
-                retry = attempt + 1 < attempts and "already in use" in self.log_tail(40)
-                self.stop()
-                if not retry:
-                    raise
-        raise AssertionError("unreachable")
+        attempts = 1 if any(self._fixed_ports) else 3
+        return start_with_port_retries(
+            lambda: self._start_once(inst), attempts=attempts, stop=self.stop, log_tail=self.log_tail
+        )
 
-    def _spawn(self, inst: TritonInstallation) -> None:
+    def _start_once(self, inst: TritonInstallation) -> LocalTriton:
+        self.http_port, self.grpc_port, self.metrics_port = (
+            fixed or auto for fixed, auto in zip(self._fixed_ports, free_ports(3), strict=True)
+        )
         if self.log_path is None or self._own_log_dir is not None:
             if self._own_log_dir is None:
                 self._own_log_dir = Path(tempfile.mkdtemp(prefix="batchfill-triton-"))
             self.log_path = self._own_log_dir / f"tritonserver-{self.http_port}.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._proc = subprocess.Popen(
-            self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            env=server_env(inst),
-            cwd=str(self.model_repository),
-            start_new_session=True,  # own process group: stop() can reap the Python-backend stubs too
+        self._process = Process.start(
+            self.command(), self.log_path, name="tritonserver", env=server_env(inst), cwd=self.model_repository
         )
+        self.wait_ready(self.startup_timeout_s)
+        self._was_ready = True
+        return self
+
+    def _ready(self) -> bool:
+        with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2.0) as r:
+            return int(r.status) == 200
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Block until ``/v2/health/ready`` answers true; raise :class:`TritonStartError` otherwise."""
-        import tritonclient.http as httpclient
-
-        deadline = time.monotonic() + timeout_s
-        client = httpclient.InferenceServerClient(self.http_url, connection_timeout=2.0, network_timeout=2.0)
+        """Block until ``/v2/health/ready`` answers 200; raise :class:`TritonStartError` otherwise."""
+        if self._process is None:
+            raise TritonStartError("tritonserver is not running")
         try:
-            while True:
-                proc = self._proc
-                if proc is None or proc.poll() is not None:
-                    code = None if proc is None else proc.returncode
-                    raise TritonStartError(
-                        f"tritonserver exited with code {code} before it was ready; log {self.log_path}\n"
-                        + self.diagnostics()
-                    )
-                with contextlib.suppress(Exception):
-                    if client.is_server_ready():
-                        return
-                if time.monotonic() > deadline:
-                    raise TritonStartError(
-                        f"tritonserver (pid {proc.pid}) not ready after {timeout_s:.0f} s "
-                        f"on {self.http_url}; log {self.log_path}\n" + self.diagnostics()
-                    )
-                time.sleep(0.2)
-        finally:
-            client.close()
+            self._process.wait_ready(self._ready, timeout_s, where=self.http_url, interval_s=0.2)
+        except ProcessError as e:
+            raise TritonStartError(f"{e}\n{self.diagnostics()}") from None
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the server log (empty if there is none yet)."""
-        if self._log_file is not None:
-            with contextlib.suppress(Exception):
-                self._log_file.flush()
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        with open(self.log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+        return "" if self.log_path is None else tail(self.log_path, lines)
 
     def log_errors(self, max_lines: int = 20) -> list[str]:
         """The last ``max_lines`` error lines of the server log (Triton's ``E...`` lines, protobuf ERRORs)."""
-        text = self.log_tail(100_000)
-        errors = [
-            line
-            for line in text.splitlines()
-            if _ERROR_LINE.match(line) or "ERROR" in line or line.startswith("error:")
-        ]
-        return errors[-max_lines:]
+        return [] if self.log_path is None else tail_errors(self.log_path, _is_error_line, max_lines)
 
     def diagnostics(self) -> str:
         """What a failure message should show: the server log's error lines, then its last lines."""
@@ -444,18 +350,11 @@ class LocalTriton:
         head = ("errors in the log:\n" + "\n".join(errors) + "\n") if errors else ""
         return head + "last lines of the log:\n" + self.log_tail(15)
 
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     def stop(self) -> int | None:
         """SIGTERM, wait ``stop_grace_s``, then SIGKILL the server's process group. Returns the exit code."""
-        proc, self._proc = self._proc, None
+        process, self._process = self._process, None
         # Python-backend stubs normally exit with the server; reap any that did not.
-        code = stop_process_group(proc, self.stop_grace_s, reap_s=5.0) if proc is not None else None
-        if self._log_file is not None:
-            with contextlib.suppress(Exception):
-                self._log_file.close()
-            self._log_file = None
+        code = process.stop(self.stop_grace_s, reap_s=5.0) if process is not None else None
         if self._own_log_dir is not None and self._was_ready and code == 0 and not self.keep_log:
             # A log we chose the place of, of a run that went well: nobody will read it.
             shutil.rmtree(self._own_log_dir, ignore_errors=True)
@@ -463,19 +362,6 @@ class LocalTriton:
             self.log_path = None
         self._was_ready = False
         return code
-
-    def __enter__(self) -> LocalTriton:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def __del__(self) -> None:  # last resort; normal code uses the context manager
-        with contextlib.suppress(Exception):
-            if self._proc is not None and self._proc.poll() is None:
-                self.stop()
 
 
 @contextlib.contextmanager

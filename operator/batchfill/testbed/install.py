@@ -1,0 +1,118 @@
+"""The operator installed on a cluster as a user would, for the demo, the cluster tests and the benchmarks.
+
+* :func:`install_operator_rbac`: the CRD, the operator's namespace, ServiceAccount and least-privilege RBAC from
+  ``deploy/base``, by server-side apply (everything but the operator's Deployment);
+* :func:`operator_as_service_account`: ``batchfill run`` as a local subprocess authenticated with a token of
+  that ServiceAccount, so it has the install's rights and not the admin's;
+* :func:`model_volume`: a statically bound hostPath PersistentVolume and claim holding a model repository.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from batchfill.testbed import devcluster
+
+GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
+OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
+#: deploy/base minus the operator's own Deployment (the operator runs here as a subprocess, as its ServiceAccount).
+INSTALL_KINDS = frozenset(
+    {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    }
+)
+#: The PersistentVolumeClaim of :func:`model_volume`.
+CLAIM = "triton-models"
+FIELD_MANAGER = "batchfill-demo"
+
+
+def kubectl_stdout(kubeconfig: Path, *args: str, check: bool = True) -> str:
+    """The stdout of the cluster's kubectl (:func:`batchfill.testbed.devcluster.kubectl`, 120 s timeout)."""
+    return devcluster.kubectl(kubeconfig, *args, check=check, timeout_s=120).stdout
+
+
+def server_side_apply(kubeconfig: Path, docs: list[dict[str, Any]], path: Path) -> None:
+    """Write ``docs`` to ``path`` and ``kubectl apply --server-side --force-conflicts`` it."""
+    path.write_text(yaml.safe_dump_all(docs))
+    kubectl_stdout(
+        kubeconfig, "apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", str(path)
+    )
+
+
+def install_operator_rbac(kubeconfig: Path, work: Path) -> None:
+    """Server-side apply deploy/base without the operator's Deployment; wait for the CRD to be Established."""
+    rendered = kubectl_stdout(kubeconfig, "kustomize", str(devcluster.SOURCE_ROOT / "deploy" / "base"))
+    install = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in INSTALL_KINDS]
+    server_side_apply(kubeconfig, install, work / "install.yaml")
+    kubectl_stdout(kubeconfig, "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+
+
+@contextlib.contextmanager
+def operator_as_service_account(
+    kubeconfig: Path, work: Path, log_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``batchfill run`` with a token of the install's ServiceAccount (its RBAC, not the admin's); stopped on exit."""
+    sa_config = devcluster.service_account_kubeconfig(kubeconfig, OPERATOR_NS, OPERATOR_SA, work / "sa.kubeconfig")
+    full_env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0", **(env or {}))
+    with log_path.open("wb") as log_file:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "batchfill.cli", "run", *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
+        try:
+            yield operator
+        finally:
+            operator.terminate()
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait()
+
+
+def model_volume(ns: str, name: str, path: Path) -> list[dict[str, Any]]:
+    """A statically bound hostPath PersistentVolume + claim holding the model repository."""
+    pv = f"{CLAIM}-{ns}-{name}"
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(path)},
+                "claimRef": {"namespace": ns, "name": CLAIM},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": CLAIM, "namespace": ns},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]
