@@ -9,7 +9,8 @@ import pytest
 
 from batchfill.api.errors import SpecError
 from batchfill.api.validate import load_model
-from batchfill.controller.reconcile import changed_fields, desired_state, desired_status, rejection_status
+from batchfill.controller.desired import desired_state
+from batchfill.controller.status import changed_fields, desired_status, rejection_status
 from batchfill.policy.conditions import ConditionUpdate, apply_conditions, find, rfc3339
 
 from .conftest import CASES_DOC, SEED_DOC
