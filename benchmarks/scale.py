@@ -61,8 +61,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from batchfill import reconcile
 from batchfill.cli.demo import sigterm_as_interrupt
+from batchfill.controller.desired import plan_cache
 from batchfill.controller.settings import OperatorSettings
 from batchfill.render.kube import CHILDREN_SELECTOR
 from batchfill.testbed import devcluster
@@ -851,7 +851,7 @@ def main() -> None:
     )
     ap.add_argument("--distinct-specs", type=int, default=100,
                     help="distinct specs (Triton model name, SLA) in the fleet; the operator caches "
-                         f"{reconcile._plan_cached.cache_info().maxsize} plans")  # fmt: skip
+                         f"{plan_cache.cache_info().maxsize} plans")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=1500.0, help="creation: seconds until all Planned and Ready")
     ap.add_argument("--pass-timeout", type=float, default=900.0, help="extra seconds to wait for one pass")
@@ -875,7 +875,7 @@ def main() -> None:
     sizes = sorted(set(sizes))
     console = Console(stderr=True)
     nodes = -(-args.models // GPUS_PER_NODE) + 1
-    cache = reconcile._plan_cached.cache_info().maxsize
+    cache = plan_cache.cache_info().maxsize
     if cache is not None and min(args.distinct_specs, args.models) > cache:
         console.log(f"[yellow]{args.distinct_specs} distinct specs exceed the operator's plan cache ({cache}): "
                     "every scaling and profiling pass re-plans every model (about 0.35 s each on 2 cores)")  # fmt: skip

@@ -1,4 +1,5 @@
-"""Conditions keep lastTransitionTime unless they flip; status is written only when it changes (C16, C18)."""
+"""Conditions keep lastTransitionTime unless they flip; status is written only when it changes, so a status-only
+event or a steady loop writes nothing; a spec that cannot be served names the field in its conditions."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from batchfill.api.errors import SpecError
 from batchfill.api.validate import load_model
-from batchfill.controller.reconcile import changed_fields, desired_state, desired_status, rejection_status
+from batchfill.controller.desired import desired_state
+from batchfill.controller.status import changed_fields, desired_status, rejection_status
 from batchfill.policy.conditions import ConditionUpdate, apply_conditions, find, rfc3339
 
 from .conftest import CASES_DOC, SEED_DOC
@@ -53,7 +55,7 @@ def body(doc: dict[str, Any], generation: int = 1, status: dict[str, Any] | None
     }
 
 
-def test_c01_rejection_names_the_field_in_conditions() -> None:
+def test_a_rejection_names_the_field_in_conditions() -> None:
     doc = copy.deepcopy(CASES_DOC)
     doc["spec"]["batching"] = {"maxBatchSize": 8, "preferredBatchSizes": [4, 16]}
     with pytest.raises(SpecError) as info:
@@ -76,7 +78,7 @@ def test_reconciled_status_and_idempotence() -> None:
     assert wanted["replicas"] == 2
     assert wanted["readyReplicas"] == 1
     assert find(wanted["conditions"], "Ready")["status"] == "True"  # type: ignore[index]
-    # the same inputs later change nothing: no status write on a status-only event (C16)
+    # the same inputs later change nothing: no status write on a status-only event
     b2 = body(SEED_DOC, status=wanted)
     assert changed_fields(b2["status"], desired_status(b2, desired, dep, now=T1)) == {}
     # a changed replica count changes exactly those fields

@@ -2,8 +2,8 @@
 
 The specs come from :mod:`tests.fuzz_specs` (near-valid specs with wrong types, huge and tiny numbers, missing
 and unknown fields, long strings, reordered or duplicated profiles). Besides the plan, the status the operator
-would write for the spec (:func:`~batchfill.controller.reconcile.desired_status` or
-:func:`~batchfill.controller.reconcile.rejection_status`) must pass the status schema, which is the CRD's: a
+would write for the spec (:func:`~batchfill.controller.status.desired_status` or
+:func:`~batchfill.controller.status.rejection_status`) must pass the status schema, which is the CRD's: a
 message over the API server's 32 KiB limit on a condition would make the status write fail (and the handler retry
 forever).
 """
@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 
 from batchfill.api.errors import SpecError
 from batchfill.api.status import BatchedModelStatus
-from batchfill.controller.reconcile import desired_state, desired_status, rejection_status
+from batchfill.controller.desired import desired_state
+from batchfill.controller.status import desired_status, rejection_status
 
 from ..fuzz_specs import MIB, RICH_SPEC, SEED_SPEC, fuzzed_specs, numbers, sample_specs
 

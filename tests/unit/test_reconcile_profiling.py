@@ -8,16 +8,9 @@ from typing import Any
 import pytest
 
 from batchfill.api.errors import SpecError
-from batchfill.controller.reconcile import (
-    adopted_profile,
-    changed_fields,
-    children_drift,
-    desired_state,
-    desired_status,
-    profile_hash,
-    profile_tick,
-    ready_pod_ips,
-)
+from batchfill.controller.desired import adopted_profile, desired_state, profile_hash
+from batchfill.controller.profiling import profile_tick
+from batchfill.controller.status import changed_fields, children_drift, desired_status, ready_pod_ips
 from batchfill.policy.conditions import find
 from batchfill.policy.profile_fit import BatchTotals
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
-from batchfill.controller.reconcile import changed_fields, observed_status, pod_counts, replicas_managers
+from batchfill.controller.status import changed_fields, observed_status, pod_counts, replicas_managers
 from batchfill.policy.signals import ModelSignals, SignalState
 
 
@@ -115,13 +115,15 @@ def test_signal_hub_runs_one_query_set_per_tick_for_all_models() -> None:
 
 
 def test_low_concurrency_becomes_a_batching_condition_and_stays_put() -> None:
-    """CASES C04: the status says why batching does nothing; its transition time does not move between ticks."""
-    from batchfill.controller.reconcile import _scaling_conditions, desired_state, desired_status
+    """Batches of ~1 that wait the whole queue delay (clients sending one request at a time): the status says why
+    batching does nothing; its transition time does not move between ticks."""
+    from batchfill.controller.desired import desired_state
+    from batchfill.controller.status import desired_status, scaling_conditions
     from batchfill.policy.scaling import Decision
 
     decision = Decision(1, 1, 1, "HoldWithinTolerance", "", (), metrics_available=True, low_concurrency=True)
     signals = ModelSignals(state=SignalState.OK, pods=1, request_rate_rps=10.0, avg_batch_size=1.0)
-    extra = _scaling_conditions(decision, signals)
+    extra = scaling_conditions(decision, signals)
     by_type = {u.type: u for u in extra}
     assert (by_type["BatchingEffective"].status, by_type["BatchingEffective"].reason) == ("False", "LowConcurrency")
     assert by_type["MetricsAvailable"].status == "True"

@@ -1,0 +1,340 @@
+"""A BatchedModel's status as the controller writes it, and the readings of its children it is computed from (pure).
+
+Nothing here reads or writes: the inputs are objects as the API (or the informer caches of
+:mod:`batchfill.adapters.informer`) returns them, and the outputs are status fields, conditions and counts.
+Status is always compared with what is stored (:func:`changed_fields`), so an idle system writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from batchfill.api.errors import SpecError
+from batchfill.controller.desired import FIRST_PLAN, MEASURED, Desired, profile_hash
+from batchfill.policy import conditions as cond
+from batchfill.policy.plan import significant
+from batchfill.policy.scaling import Decision, Recommendation
+from batchfill.policy.signals import ModelSignals, SignalState
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION
+
+_OBSERVED_DIGITS = 3  # significant digits of status.observed: finer noise would rewrite status every tick
+
+
+def rejection_status(err: SpecError, status: Mapping[str, Any], generation: int | None, now: float) -> dict[str, Any]:
+    """Conditions for a spec that cannot be served (the fields named in the message)."""
+    message = "; ".join(str(p) for p in err.problems)
+    infeasible = err.reason == "SLAInfeasible"
+    updates = [
+        cond.ConditionUpdate(
+            cond.CONFIG_VALID,
+            cond.TRUE if infeasible else cond.FALSE,
+            "Valid" if infeasible else err.reason,
+            "" if infeasible else message,
+        ),
+        cond.ConditionUpdate(
+            cond.SLA_FEASIBLE,
+            cond.FALSE if infeasible else cond.UNKNOWN,
+            err.reason if infeasible else "InvalidSpec",
+            message if infeasible else "",
+        ),
+        cond.ConditionUpdate(cond.PLANNED, cond.FALSE, err.reason, message),
+        cond.ConditionUpdate(cond.READY, cond.FALSE, err.reason, "the spec cannot be served; see Planned"),
+    ]
+    return {
+        "observedGeneration": generation,
+        "conditions": cond.apply_conditions(status.get("conditions"), updates, generation=generation, now=now),
+    }
+
+
+def as_stored(value: Any) -> Any:
+    """``value`` as the API server stores it after a merge patch: None members of objects are removed."""
+    if isinstance(value, Mapping):
+        return {k: as_stored(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level status fields of ``wanted`` that differ from ``current`` (empty: write nothing).
+
+    A None (here or inside an object) removes the field in the merge patch, so it equals an absent one.
+    """
+    return {k: v for k, v in wanted.items() if as_stored(current.get(k)) != as_stored(v)}
+
+
+def _reconciled_conditions(desired: Desired, ready: int, total: int) -> list[cond.ConditionUpdate]:
+    """ConfigValid, SLAFeasible, Planned and Ready of a spec whose plan is served."""
+    plan = desired.plan_status
+    first = desired.profile_source == FIRST_PLAN
+    settings = (
+        f"max_batch_size {plan.maxBatchSize}, max_queue_delay_microseconds {plan.maxQueueDelayMicroseconds}, "
+        f"config {desired.config_hash}"
+    )
+    return [
+        cond.ConditionUpdate(cond.CONFIG_VALID, cond.TRUE, "Valid"),
+        cond.ConditionUpdate(
+            cond.SLA_FEASIBLE,
+            cond.UNKNOWN,
+            "ProfileNotMeasured",
+            "no profile yet: measuring execution latency per batch size from Triton's statistics",
+        )
+        if first
+        else cond.ConditionUpdate(
+            cond.SLA_FEASIBLE,
+            cond.TRUE,
+            "Feasible",
+            f"capacity {plan.capacityPerReplicaRps:g} req/s per replica within {plan.serverBudgetMs:g} ms",
+        ),
+        cond.ConditionUpdate(
+            cond.PLANNED,
+            cond.TRUE,
+            "FirstPlan"
+            if first
+            else ("PlannedFromMeasuredProfile" if desired.profile_source == MEASURED else "Planned"),
+            f"{settings}; capacity unknown until the profile is measured" if first else settings,
+        ),
+        cond.ConditionUpdate(
+            cond.READY,
+            cond.TRUE if ready > 0 else cond.FALSE,
+            "ReplicasReady" if ready > 0 else "NoReadyReplicas",
+            f"{ready}/{total} Triton replicas ready",
+        ),
+    ]
+
+
+def desired_status(
+    body: Mapping[str, Any],
+    desired: Desired,
+    deployment: Mapping[str, Any] | None,
+    *,
+    now: float,
+    extra: Sequence[cond.ConditionUpdate] = (),
+) -> dict[str, Any]:
+    """The status a reconciled BatchedModel should have.
+
+    Args:
+        body: the BatchedModel as read (its stored status keeps the conditions' transition times).
+        desired: :func:`batchfill.controller.desired.desired_state` of its spec.
+        deployment: the Triton Deployment as the API returns it (its ``status`` counts replicas), or None.
+        now: seconds since the epoch (new conditions' lastTransitionTime).
+        extra: further conditions (the scaling tick's MetricsAvailable, CapacityLimited, BatchingEffective).
+    """
+    meta = body["metadata"]
+    status: Mapping[str, Any] = body.get("status") or {}
+    generation = meta.get("generation")
+    dep_status = (deployment or {}).get("status") or {}
+    ready = int(dep_status.get("readyReplicas") or 0)
+    total = int(dep_status.get("replicas") or 0)
+    updates = [*_reconciled_conditions(desired, ready, total), *extra]
+    warnings = [w for w in desired.plan.warnings if w.condition == cond.BATCHING_EFFECTIVE]
+    if warnings:
+        updates.append(
+            cond.ConditionUpdate(cond.BATCHING_EFFECTIVE, cond.UNKNOWN, warnings[0].reason, warnings[0].message)
+        )
+    conditions = cond.apply_conditions(
+        status.get("conditions"),
+        updates,
+        generation=generation,
+        now=now,
+        remove=() if warnings or any(u.type == cond.BATCHING_EFFECTIVE for u in extra) else (cond.BATCHING_EFFECTIVE,),
+    )
+    out: dict[str, Any] = {
+        "observedGeneration": generation,
+        "conditions": conditions,
+        "plan": desired.plan_status.model_dump(mode="json", exclude_none=True),
+        "replicas": total,
+        "readyReplicas": ready,
+    }
+    if desired.profile_source != MEASURED:  # a measured profile in use is written by the profiling loop
+        # every field, as the API server stores it (CRD defaults included): a partial object would never compare
+        # equal (a no-op PATCH every pass), and a merge patch would leave an older measurement's fields behind.
+        # ``since`` (the last adoption of a measurement) is kept: editing spec.profile must not restart the
+        # replan interval, or each edit would let a measurement replace the new profile at once.
+        out["plannedProfile"] = {
+            "source": desired.profile_source,
+            "points": [],
+            "since": (status.get("plannedProfile") or {}).get("since"),
+            "reason": "",
+            "message": "",
+            "declaredHash": profile_hash((body.get("spec") or {}).get("profile")),
+        }
+    return out
+
+
+# -- readings of the children ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodCounts:
+    """The BatchedModel's pods now: names of the Ready ones, others starting, and unschedulable ones."""
+
+    ready: frozenset[str]
+    starting: int
+    pending: int
+    pending_reason: str
+
+
+def pod_counts(pods: Sequence[Mapping[str, Any]]) -> PodCounts:
+    """Classify pods (terminating ones do not count): Ready; Pending with PodScheduled=False (the scheduler's
+    message, e.g. ``0/2 nodes are available: 2 Insufficient nvidia.com/gpu``); everything else is starting."""
+    ready: set[str] = set()
+    starting = pending = 0
+    reason = ""
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        conds = {c.get("type"): c for c in status.get("conditions") or []}
+        if (conds.get("Ready") or {}).get("status") == "True":
+            ready.add(meta.get("name", ""))
+        elif (conds.get("PodScheduled") or {}).get("status") == "False":
+            pending += 1
+            reason = reason or str(conds["PodScheduled"].get("message") or conds["PodScheduled"].get("reason") or "")
+        else:
+            starting += 1
+    return PodCounts(frozenset(ready), starting, pending, reason)
+
+
+def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(uid, pod IP) of the pods that are Ready, not terminating and have an IP."""
+    out = []
+    for pod in pods:
+        meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+        if ready and not meta.get("deletionTimestamp") and st.get("podIP") and meta.get("uid"):
+            out.append((str(meta["uid"]), str(st["podIP"])))
+    return out
+
+
+def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, status: Mapping[str, Any]) -> str:
+    """Why the children no longer serve the handled spec (empty: they do).
+
+    The create/update handlers apply the children once per generation; a Deployment deleted or re-templated by
+    hand, or a measured profile adopted in status whose apply then failed (API down, operator killed between the
+    two writes), would otherwise wait for the next spec change or operator restart: status writes start no
+    handler. Only called once the current generation has been handled.
+    """
+    if deployment is None:
+        return "the Triton Deployment is missing (deleted outside batchfill)"
+    annotations = (((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+        "annotations"
+    ) or {}
+    served = annotations.get(CONFIG_HASH_ANNOTATION)
+    if served != desired.config_hash:
+        return f"the Deployment's pods carry config {served}, the plan's is {desired.config_hash}"
+    wanted = desired.plan_status.model_dump(mode="json", exclude_none=True)
+    if as_stored(status.get("plan")) != as_stored(wanted):
+        return "status.plan is not the plan of the adopted profile yet"
+    return ""
+
+
+def replicas_managers(deployment: Mapping[str, Any]) -> list[str]:
+    """The field managers that own the Deployment's ``spec.replicas`` (its managedFields; empty when none does).
+
+    Who set the count tells a hand edit (``kubectl``, ``kubectl-edit``, another controller) from batchfill's own
+    scale that status recorded but the Deployment never got (the operator killed between the status write and the
+    scale call, or the scale refused): then batchfill still owns the field, at its older value.
+    """
+    owners = []
+    for entry in (deployment.get("metadata") or {}).get("managedFields") or []:
+        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if isinstance(fields, Mapping) and "f:replicas" in fields:
+            owners.append(str(entry.get("manager") or "?"))
+    return owners
+
+
+# -- the scaling tick's status -----------------------------------------------------------------------------------
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else significant(x, _OBSERVED_DIGITS)
+
+
+def observed_status(signals: ModelSignals) -> dict[str, float | None] | None:
+    """``status.observed``, rounded; None (the field removed) when the signals are unknown: unknown is not zero.
+
+    Values not measured in the window are None, so a merge patch removes what an earlier tick wrote.
+    """
+    if signals.state == SignalState.UNKNOWN:
+        return None
+    return {
+        "requestRate": _rounded(signals.request_rate_rps),
+        "avgBatchSize": _rounded(signals.avg_batch_size),
+        "batchFill": _rounded(signals.batch_fill),
+        "queueTimeMs": _rounded(signals.queue_time_ms),
+        "p99Ms": _rounded(signals.p99_ms),
+    }
+
+
+def parse_time(rfc3339: str | None) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as status stores it (None when absent or malformed)."""
+    if not rfc3339:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(rfc3339).timestamp()
+    except ValueError:
+        return None
+
+
+def stored_votes(stored: Any) -> tuple[Recommendation, ...]:
+    """status.scalingHistory as votes; malformed entries (a hand-edited status) are skipped."""
+    out = []
+    for v in stored if isinstance(stored, list) else []:
+        try:
+            t = parse_time(v.get("time"))
+            replicas, ready = int(v["replicas"]), int(v["ready"])
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+        if t is not None and math.isfinite(t) and replicas >= 0 and ready >= 0:
+            out.append(Recommendation(t, replicas, ready))
+    return tuple(sorted(out))
+
+
+def scaling_conditions(decision: Decision, signals: ModelSignals) -> list[cond.ConditionUpdate]:
+    """MetricsAvailable (first), CapacityLimited and, at low concurrency, BatchingEffective=False of one decision."""
+    if decision.metrics_available:
+        ok = signals.state == SignalState.IDLE
+        metrics = cond.ConditionUpdate(
+            cond.METRICS_AVAILABLE,
+            cond.TRUE,
+            "Idle" if ok else "SignalsOk",
+            f"{signals.pods} Ready pod(s) reporting" + (", no traffic" if ok else ""),
+        )
+    else:
+        metrics = cond.ConditionUpdate(
+            cond.METRICS_AVAILABLE,
+            cond.FALSE,
+            signals.reason or "NoData",
+            f"{signals.message or 'no usable signals'}; replicas are held",
+        )
+    if decision.pending_replicas:
+        limited = cond.ConditionUpdate(
+            cond.CAPACITY_LIMITED,
+            cond.TRUE,
+            "ReplicasPending",
+            f"{decision.pending_replicas} replica(s) cannot be scheduled: {decision.pending_reason}",
+        )
+    elif decision.capacity_limited:
+        limited = cond.ConditionUpdate(
+            cond.CAPACITY_LIMITED, cond.TRUE, "AtMaxReplicas", "the load needs more than maxReplicas"
+        )
+    else:
+        limited = cond.ConditionUpdate(cond.CAPACITY_LIMITED, cond.FALSE, "WithinCapacity", "")
+    updates = [metrics, limited]
+    # batches of about one request that wait the whole queue delay mean the clients send one request at a time:
+    # more GPUs would not help, so the status says why batching does nothing (policy/scaling.py, low concurrency)
+    if decision.low_concurrency:
+        updates.append(
+            cond.ConditionUpdate(
+                cond.BATCHING_EFFECTIVE,
+                cond.FALSE,
+                "LowConcurrency",
+                "batches average under 1.5 requests and requests wait about the configured queue delay for "
+                "partners: clients send one request at a time; send concurrently (async or more clients) to let "
+                "Triton batch (status.observed.avgBatchSize)",
+            )
+        )
+    return updates
