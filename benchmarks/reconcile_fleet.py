@@ -24,7 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from batchfill.cli.demo import GROUP, PLURAL, VERSION, install_operator_rbac, model_volume, operator_as_service_account
+from batchfill.api.reasons import ConditionType
+from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.cli.demo import install_operator_rbac, model_volume, operator_as_service_account
 from batchfill.testbed import devcluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +66,8 @@ def fleet(n: int, distinct: int) -> list[dict[str, Any]]:
 #: Requests only the operator makes (children it applies, its status and kopf's annotations); the rest of the
 #: table mixes the operator with the controllers, the scheduler and kwok (the counter has no user label).
 OPERATOR_ONLY = {
-    ("APPLY", "configmaps"), ("APPLY", "deployments"), ("APPLY", "services"), ("PATCH", "batchedmodels"),
-    ("PATCH", "batchedmodels/status"), ("GET", "batchedmodels"), ("LIST", "batchedmodels"),
+    ("APPLY", "configmaps"), ("APPLY", "deployments"), ("APPLY", "services"), ("PATCH", PLURAL),
+    ("PATCH", f"{PLURAL}/status"), ("GET", PLURAL), ("LIST", PLURAL),
 }  # fmt: skip
 
 
@@ -124,8 +126,8 @@ def main() -> None:
                     while time.monotonic() - t0 < args.timeout and operator.poll() is None:
                         items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
                         polls += 1
-                        planned = sum(is_true(b, "Planned") for b in items)
-                        ready = sum(is_true(b, "Ready") for b in items)
+                        planned = sum(is_true(b, ConditionType.PLANNED) for b in items)
+                        ready = sum(is_true(b, ConditionType.READY) for b in items)
                         now = time.monotonic() - t0
                         status.update(f"{now:5.1f} s: {planned}/{args.models} Planned, {ready} Ready")
                         if planned_s is None and planned == args.models:
@@ -138,7 +140,7 @@ def main() -> None:
                 after = request_counts(kubeconfig)
             log_tail = (work / "operator.log").read_text().splitlines()[-5:]
     delta = after - before
-    own = collections.Counter({("APPLY", "batchedmodels"): args.models, ("LIST", "batchedmodels"): polls})
+    own = collections.Counter({("APPLY", PLURAL): args.models, ("LIST", PLURAL): polls})
     table = Table(title=f"API requests during the run ({args.models} BatchedModels, {args.distinct_slas} SLAs)")
     for col in ("verb", "resource", "requests", "of them the benchmark's", "others per model", "by"):
         table.add_column(col, justify="right")

@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from batchfill.adapters.triton_stats import summary_quantile_ms
+from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.render import config_on_cpu, config_with_parameters
 from batchfill.render.kube import GRPC_PORT, HTTP_PORT, METRICS_PORT, MODEL_LABEL
 from batchfill.testbed import devcluster
@@ -47,7 +48,6 @@ from batchfill.testbed.model_repo import write_model
 from batchfill.testbed.triton_local import LocalTriton
 
 ROOT = Path(__file__).resolve().parents[3]
-GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
 OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
 #: deploy/base minus the operator's own Deployment (the demo runs the operator here, as its ServiceAccount).
 INSTALL_KINDS = frozenset(

@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchfill.api.errors import InfeasibleSLAError, Problem, SpecError
+from batchfill.api.reasons import ConditionType, PlanWarningReason, SpecReason
 from batchfill.api.spec import BatchedModelSpec, SequenceStrategy
 from batchfill.api.status import PlanStatus, SeedRule
 from batchfill.policy.profile import LatencyProfile
@@ -105,8 +106,8 @@ class Candidate:
 class PlanWarning:
     """Something the plan cannot fix but the user should know; becomes a status condition."""
 
-    condition: str
-    reason: str
+    condition: ConditionType
+    reason: PlanWarningReason
     path: str
     message: str
 
@@ -287,8 +288,8 @@ def _variable_shape_warnings(spec: BatchedModelSpec) -> list[PlanWarning]:
         if -1 in sample_dims and not t.allowRaggedBatch:
             out.append(
                 PlanWarning(
-                    condition="BatchingEffective",
-                    reason="VariableShapeInput",
+                    condition=ConditionType.BATCHING_EFFECTIVE,
+                    reason=PlanWarningReason.VARIABLE_SHAPE_INPUT,
                     path=f"spec.model.inputs[{i}].dims",
                     message=(
                         f"spec.model.inputs[{i}].dims={t.dims} has a variable-size axis: Triton batches only "
@@ -364,8 +365,8 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
     if b.maxBatchSize is not None and b.maxBatchSize > profile.largest:
         warnings.append(
             PlanWarning(
-                condition="Planned",
-                reason="MaxBatchSizeCapped",
+                condition=ConditionType.PLANNED,
+                reason=PlanWarningReason.MAX_BATCH_SIZE_CAPPED,
                 path="spec.batching.maxBatchSize",
                 message=(
                     f"spec.batching.maxBatchSize={b.maxBatchSize} exceeds the largest profiled batch size "
@@ -398,7 +399,7 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
                     f"which leaves no queueing room in the server budget {budget_of}",
                 )
             ],
-            reason="InvalidBatching",
+            reason=SpecReason.INVALID_BATCHING,
         )
 
     def make(batch: int, delay_us: int) -> Candidate:
@@ -435,7 +436,7 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
                     f"exceeds the server budget {budget_of}",
                 )
             ],
-            reason="InvalidBatching",
+            reason=SpecReason.INVALID_BATCHING,
         )
 
     # Seed rule: the largest profiled size that fits, with all remaining budget as queue delay.
