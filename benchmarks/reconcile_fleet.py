@@ -1,7 +1,8 @@
 """Reconcile time and API calls for a fleet of BatchedModels created at once, on the real local control plane.
 
-Target (issue 3): 100 BatchedModels, all Planned and Ready (a Triton pod scheduled on a fake GPU node and Ready)
-within 60 s on a 2-core machine. Every model gets its own SLA, so every plan is computed (no cache hits).
+Target (README.md, Tests and benchmarks): 100 BatchedModels, all Planned and Ready (a Triton pod scheduled on a
+fake GPU node and Ready) within 60 s on a 2-core machine. Every model gets its own SLA, so every plan is computed
+(no cache hits).
 API calls come from kube-apiserver's own counter ``apiserver_request_total`` (by verb and resource), read before
 and after; the benchmark's own calls (one server-side apply per model, a list of BatchedModels every 0.5 s) are
 shown separately. Prints figures; not a pass/fail test.

@@ -34,7 +34,7 @@ from .support import Kube, model_volume, rbac_denials, require_gpus, temp_namesp
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-#: How long the steady-state check watches for writes (the issue asks for 5 minutes).
+#: How long the steady-state check watches for writes (docs/field-cases.md#status-write-loops), 5 minutes by default.
 STEADY_SECONDS = float(os.environ.get("BATCHFILL_STEADY_STATE_SECONDS", "300"))
 
 
@@ -162,7 +162,8 @@ def test_api_server_rejects_min_above_max_replicas(kube: Kube, operator: Any) ->
 def test_api_server_rejects_the_c01_specs_with_the_field(
     kube: Kube, operator: Any, batching: dict[str, Any], field: str, message: str
 ) -> None:
-    """CASES C01 on the real API server: the CRD's schema and CEL rules refuse them before any operator runs."""
+    """docs/field-cases.md#preferred-above-max on the real API server: the CRD's schema and CEL rules refuse them
+    before any operator runs."""
     with temp_namespace(kube) as ns:
         with pytest.raises(ApiException) as info:
             custom(kube).create_namespaced_custom_object(
@@ -237,7 +238,8 @@ def test_sla_edit_rerenders_and_rolls_once_then_delete_collects_children(kube: K
 
 
 def test_steady_state_writes_nothing_to_children(kube: Kube, operator: Any) -> None:
-    """C16: with no spec change, no child is written (resourceVersions stay) and the BatchedModel settles."""
+    """docs/field-cases.md#status-write-loops: with no spec change, no child is written (resourceVersions stay)
+    and the BatchedModel settles."""
     with temp_namespace(kube) as ns:
         model_volume(kube, ns)
         custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("steady"))
@@ -257,7 +259,7 @@ def test_steady_state_writes_nothing_to_children(kube: Kube, operator: Any) -> N
 
 class ConflictWebhook:
     """A validating admission webhook that makes the real API server answer 409 Conflict to the first write of one
-    Deployment, then admits everything (CASES C18(b)).
+    Deployment, then admits everything (docs/field-cases.md#retries: API trouble is temporary).
 
     The real API server cannot be made to return a 409 to a forced server-side apply on its own; an admission
     webhook denying with ``code: 409`` is the API server's own way of producing one, so the operator sees exactly
@@ -321,7 +323,8 @@ class ConflictWebhook:
     USE_EXISTING, reason="the webhook listens on this machine's loopback, out of a remote API server's reach"
 )
 def test_conflict_on_first_deployment_write_is_retried_and_converges(kube: Kube, operator: Any, tmp_path: Path) -> None:
-    """C18(b): a 409 from the API server is temporary: retried with backoff, no PermanentError, children converge."""
+    """docs/field-cases.md#retries: a 409 from the API server is temporary: retried with backoff, no
+    PermanentError, children converge."""
     with temp_namespace(kube) as ns:
         model_volume(kube, ns)
         hook = ConflictWebhook(tmp_path, "conflict-triton")

@@ -1,4 +1,4 @@
-"""The replica decision driving real parts through a load ramp (issue 4, "Done when" bullet 1).
+"""The replica decision driving real parts through a load ramp: no scale-out before the batch fill says so.
 
 One run per module (:class:`batchfill.testbed.scaling_lab.ScalingLab`, about 4 minutes): real tritonserver
 processes serve the sleep model (50 + 10·b ms per batch, SLA 360 ms with 20 ms overhead so T = 340 ms; the plan
@@ -141,8 +141,8 @@ def test_a_first_scale_out_only_after_fill_reached_its_target(ramp: LabResult) -
     assert trigger is not None, "never scaled out"
     print("trigger:", _row(trigger))
     print(trigger.message)
-    # issue 4: "scale out only after fill reaches its target"; on this ramp the load rises slowly enough that
-    # saturation, not SLA risk, must be what triggers the first step
+    # scale out only once the fill reaches its target (policy/scaling.py, rule 4); on this ramp the load rises
+    # slowly enough that saturation, not SLA risk, must be what triggers the first step
     assert trigger.reason == ScalingReason.SCALE_OUT_SATURATED, trigger.message
     assert trigger.batch_fill is not None
     assert trigger.batch_fill >= fill_target, trigger.message

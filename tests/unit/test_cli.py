@@ -129,8 +129,9 @@ def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]
 
 
 def test_no_kopf_handler_is_declared_with_zero_retries_or_a_timer() -> None:
-    """CASES C18: ``retries=0`` means "never run" in kopf; and a timer or daemon would add a finalizer, so a
-    BatchedModel could not be deleted while the operator is down (scaling runs in handlers.ScalingLoop)."""
+    """docs/field-cases.md#retries: ``retries=0`` means "never run" in kopf; and a timer or daemon would add a
+    finalizer, so a BatchedModel could not be deleted while the operator is down (scaling runs in
+    handlers.ScalingLoop)."""
     import kopf
 
     import batchfill.controller.handlers  # noqa: F401  (registers the handlers)

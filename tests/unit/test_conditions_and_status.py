@@ -1,4 +1,7 @@
-"""Conditions keep lastTransitionTime unless they flip; status is written only when it changes (C16, C18)."""
+"""Conditions keep lastTransitionTime unless they flip; status is written only when it changes.
+
+docs/field-cases.md#status-write-loops and #retries (C16, C18).
+"""
 
 from __future__ import annotations
 
@@ -83,7 +86,8 @@ def test_reconciled_status_and_idempotence() -> None:
     assert wanted["replicas"] == 2
     assert wanted["readyReplicas"] == 1
     assert find(wanted["conditions"], ConditionType.READY)["status"] == "True"  # type: ignore[index]
-    # the same inputs later change nothing: no status write on a status-only event (C16)
+    # the same inputs later change nothing: no status write on a status-only event
+    # (docs/field-cases.md#status-write-loops)
     b2 = body(SEED_DOC, status=wanted)
     assert changed_fields(b2["status"], desired_status(b2, desired, dep, now=T1)) == {}
     # a changed replica count changes exactly those fields

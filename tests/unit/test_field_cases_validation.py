@@ -1,4 +1,4 @@
-"""Field cases C01, C02, C03, C06, C07, C20 (../shared/CASES.md): rejected specs and their exact messages."""
+"""Field cases C01, C02, C03, C06, C07, C20 (docs/field-cases.md): rejected specs and their exact messages."""
 
 from __future__ import annotations
 

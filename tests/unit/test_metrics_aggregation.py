@@ -1,6 +1,6 @@
 """Signals from Prometheus query results: the pure aggregation, the PromQL text, parsing and error classification.
 
-Field cases (../shared/CASES.md): C09 average batch = Δinference_count / Δexec_count and ratios of sums; C10
+Field cases (docs/field-cases.md): C09 average batch = Δinference_count / Δexec_count and ratios of sums; C10
 increase per series before the sum, pods outside the Ready set excluded; C11 zero traffic is Idle, never NaN;
 C12 empty or failed queries are Unknown, never zero. The HTTP part runs against a stub server on loopback.
 """
@@ -75,11 +75,11 @@ def one(t: SignalTarget, r: QueryResults | QueryFailure, window_s: float = W) ->
 
 
 def assert_json_safe(s: ModelSignals) -> None:
-    """Status patches must be valid JSON: no NaN or Inf anywhere (C11)."""
+    """Status patches must be valid JSON: no NaN or Inf anywhere (docs/field-cases.md#no-traffic)."""
     json.dumps(asdict(s), allow_nan=False)
 
 
-# -- C09: the right counters, sums before division ---------------------------------------------------------------
+# -- C09: the right counters, sums before division (docs/field-cases.md#average-batch-size) ----------------------
 
 
 def test_c09_average_batch_is_inferences_over_executions() -> None:
@@ -89,7 +89,7 @@ def test_c09_average_batch_is_inferences_over_executions() -> None:
     assert s.batch_fill == pytest.approx(0.5)  # not 0.125
     assert s.request_rate_rps == pytest.approx(200 / W)
     assert s.inference_rate_rps == pytest.approx(800 / W)
-    assert s.queue_time_ms == pytest.approx(3.0)  # divisor Δrequest_success (C08), not Δinference or Δexec
+    assert s.queue_time_ms == pytest.approx(3.0)  # divisor Δrequest_success, not Δinference or Δexec
     assert s.pods == 1
     assert s.window_s == W
     assert_json_safe(s)
@@ -118,7 +118,7 @@ def test_c09_queue_time_weights_pods_by_requests(
     assert s.queue_time_ms == pytest.approx(expected_queue_ms)
 
 
-# -- C10: increase per series, then sum; pods outside the Ready set excluded ---------------------------------------
+# -- C10: increase per series, then sum; pods outside the Ready set excluded (docs/field-cases.md#counter-resets) --
 
 
 def test_c10_queries_take_increase_per_series_then_sum() -> None:
@@ -143,8 +143,9 @@ def test_c10_queries_take_increase_per_series_then_sum() -> None:
 
 
 def test_c10_restart_table_gives_queue_time_between_20_and_25_ms() -> None:
-    # CASES C10's raw scrapes; the pod restarts between t2 and t3. Prometheus' increase() counts a drop as a
-    # reset and adds the post-reset value: Δqueue = 300k + 300k + 50k + 300k, Δsuccess = 15 + 15 + 2 + 15.
+    # One pod scraped every 15 s restarts between the third and the fourth scrape: queue µs 1.0M, 1.3M, 1.6M, 50k,
+    # 350k and requests 1000, 1015, 1030, 2, 17. Prometheus' increase() counts a drop as a reset and adds the
+    # post-reset value: Δqueue = 300k + 300k + 50k + 300k, Δsuccess = 15 + 15 + 2 + 15.
     s = one(target(), results({"p1": (47, 47, 47, 950_000)}))
     assert s.queue_time_ms is not None
     assert 20.0 <= s.queue_time_ms <= 25.0
@@ -192,7 +193,7 @@ def test_two_targets_in_one_pass() -> None:
     assert out[("ml", "c")].reason == SignalsReason.NO_READY_PODS
 
 
-# -- C11: no traffic is Idle, never NaN ----------------------------------------------------------------------------
+# -- C11: no traffic is Idle, never NaN (docs/field-cases.md#no-traffic) -------------------------------------------
 
 
 def test_c11_zero_increase_is_idle_not_nan() -> None:
@@ -222,7 +223,7 @@ def test_zero_completions_with_pending_requests_is_stalled_not_idle() -> None:
     assert s.reason == SignalsReason.STALLED
 
 
-# -- C12: empty or failed is Unknown, never zero -------------------------------------------------------------------
+# -- C12: empty or failed is Unknown, never zero (docs/field-cases.md#missing-metrics) -----------------------------
 
 
 @pytest.mark.parametrize(

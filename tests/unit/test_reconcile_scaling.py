@@ -116,7 +116,8 @@ def test_signal_hub_runs_one_query_set_per_tick_for_all_models() -> None:
 
 
 def test_low_concurrency_becomes_a_batching_condition_and_stays_put() -> None:
-    """CASES C04: the status says why batching does nothing; its transition time does not move between ticks."""
+    """docs/field-cases.md#low-concurrency: the status says why batching does nothing; its transition time does not
+    move between ticks."""
     from batchfill.controller.reconcile import _scaling_conditions, desired_state, desired_status
     from batchfill.policy.scaling import Decision
 

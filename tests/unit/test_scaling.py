@@ -170,7 +170,8 @@ def test_c04_low_concurrency_is_not_overload() -> None:
 
 
 def test_samples_count_not_requests() -> None:
-    """Requests of 4 samples (CASES C09): the batcher fills samples, so 50 req/s are 200 samples/s -> 5."""
+    """Requests of 4 samples (docs/field-cases.md#average-batch-size): the batcher fills samples, so 50 req/s are
+    200 samples/s -> 5."""
     d = run(ok(50, inference=200, fill=0.9), 2)
     assert (d.recommendation, d.desired_replicas) == (5, 4)
 
@@ -287,7 +288,7 @@ def test_c12_outage_holds_then_resumes_without_a_burst() -> None:
     first = next(i for i, d in enumerate(after) if d.changes_replicas)
     assert 600 + first * 15 == 585 + 300  # a full window after the last tick without data
     assert (after[first].desired_replicas, after[first].reason) == (1, R.SCALE_IN_LOAD_FITS)
-    # C11 vs C12: same replicas and history, idle scales in, unknown holds
+    # docs/field-cases.md C11 vs C12: same replicas and history, idle scales in, unknown holds
     h = votes((300, 4), (15, 1))
     assert run(IDLE, 4, history=h).desired_replicas == 1
     assert run(UNKNOWN, 4, history=h).desired_replicas == 4

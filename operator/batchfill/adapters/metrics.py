@@ -1,4 +1,4 @@
-"""Load signals of every BatchedModel from Triton's Prometheus metrics (DESIGN.md section 4, issue 4 item 1).
+"""Load signals of every BatchedModel from Triton's Prometheus metrics.
 
 Per tick, one instant PromQL query per signal for **all** BatchedModels, each grouped ``by (namespace, pod,
 model)`` (``namespace`` and ``pod`` are the target labels a ServiceMonitor puts on a Triton pod's series;
@@ -13,14 +13,15 @@ models and namespaces of the targets (``{model=~"m1|m2",namespace=~"ns1|ns2"}``)
     pending     sum by (namespace, pod, model) (nv_inference_pending_request_count SEL)               requests
 
 ``increase`` is taken per series (per Triton version, per scrape target) and *then* summed, so a counter reset
-when one pod restarts is detected by Prometheus on that series alone (CASES C10); ``increase(sum(...))`` would
-lose it. Rates are ``Σ increase / W``: Prometheus defines ``increase(v[W])`` as exactly ``rate(v[W]) * W`` (same
-extrapolation), so one query gives both the request rate and the divisor of the queue time.
+when one pod restarts is detected by Prometheus on that series alone (docs/field-cases.md#counter-resets);
+``increase(sum(...))`` would lose it. Rates are ``Σ increase / W``: Prometheus defines ``increase(v[W])`` as
+exactly ``rate(v[W]) * W`` (same extrapolation), so one query gives both the request rate and the divisor of the
+queue time.
 
 The aggregation (:func:`aggregate`) is pure: it takes the parsed query results and, for each
 :class:`SignalTarget` (one BatchedModel: namespace, Triton model name, plan ``max_batch_size``, its Ready pods),
 returns a :class:`~batchfill.policy.signals.ModelSignals`. Only series of the target's namespace, model and Ready
-pods count. Increases are summed over those pods before any division (CASES C09):
+pods count. Increases are summed over those pods before any division (docs/field-cases.md#average-batch-size):
 
 * ``request_rate_rps   = Σ Δnv_inference_request_success / W``
 * ``inference_rate_rps = Σ Δnv_inference_count / W``
@@ -39,14 +40,14 @@ States (decisions on edge cases):
   refused or HTTP 503 / timeout, client- or server-side / any other HTTP error or malformed answer). Every target
   gets it: one Prometheus answers all queries, so partial answers are not mixed.
 * ``Unknown/NoSeries``: no Ready pod of the target has the four counter series (not scraped, wrong labels,
-  another namespace). Missing data is never zero load (CASES C12).
+  another namespace). Missing data is never zero load (docs/field-cases.md#missing-metrics).
 * ``Unknown/InvalidValue``: NaN, ±Inf or a negative value in a counted pod's counter increase, or ±Inf or a
   negative value in its p99 or pending sample. Series of pods that do not count are not inspected.
 * ``Unknown/Stalled``: zero successful requests in the window while requests are pending: the server completes
   nothing, which is neither idle nor a measurable load; the policy holds.
-* ``Idle``: series present, Σ Δsuccess = 0 and nothing pending (CASES C11). Rates are 0; average batch size,
-  batch fill, queue time and p99 are ``None`` (no request was served in the window, so nothing to average;
-  never NaN); pending is reported.
+* ``Idle``: series present, Σ Δsuccess = 0 and nothing pending (docs/field-cases.md#no-traffic). Rates are 0;
+  average batch size, batch fill, queue time and p99 are ``None`` (no request was served in the window, so
+  nothing to average; never NaN); pending is reported.
 * ``Ok``: Σ Δsuccess > 0. ``avg_batch_size``/``batch_fill`` are ``None`` if Σ Δexec is 0 (an extrapolation
   corner at the window edge), ``batch_fill`` is ``None`` if ``max_batch_size`` < 1 (no batching).
   ``p99_ms`` is ``None`` when no counted pod has a finite summary: a NaN quantile is Triton's "no observation in

@@ -1,6 +1,6 @@
 """The batching plan: Triton's dynamic-batching settings derived from the SLA and the batch-latency profile.
 
-Notation (DESIGN §3): SLA ``S`` (p99, ms), network overhead ``N``, server budget ``T = S - N``, execution
+Notation: SLA ``S`` (p99, ms), network overhead ``N``, server budget ``T = S - N``, execution
 latency ``l(b)``. The plan
 
 1. computes the textbook *seed rule* ``D = S - l(B) - N`` for the largest profiled ``B`` that fits (the number
@@ -51,7 +51,7 @@ CONFIRM_REQUESTS = 40_000
 #: Leading fraction of requests ignored (the replica starts empty, which would flatter the p99).
 WARMUP_FRACTION = 0.05
 #: The queue delay is never below this (µs): a 0 is omitted from config.pbtxt and its meaning depends on the
-#: Triton version (CASES C03, server#3624).
+#: Triton version (docs/field-cases.md#queue-delay-units).
 MIN_QUEUE_DELAY_US = 100
 #: Queue delays tried with user-given preferred sizes, as fractions of the largest that fits (T - l(B)).
 DELAY_FRACTIONS = (1.0, 0.5, 0.25, 0.05)
@@ -177,7 +177,7 @@ def significant(x: float, digits: int = 4) -> float:
 def replicas_for(
     rate_rps: float, capacity_rps: float, target_utilization: float, min_replicas: int, max_replicas: int
 ) -> int:
-    """Load-proportional replica count ``ceil(λ / (u · C))`` bounded to [min, max] (DESIGN §3).
+    """Load-proportional replica count ``ceil(λ / (u · C))`` bounded to [min, max] (README.md#autoscaling).
 
     Args:
         rate_rps: arrival rate λ, requests/s (NaN, Inf or negative: treated as unknown -> min_replicas).

@@ -12,18 +12,18 @@ Rules, the first that applies decides:
 1. Replicas outside ``[min, max]`` are moved inside before any metric is read, as the HPA does
    (AboveMaxReplicas, BelowMinReplicas).
 2. Unknown signals or no usable capacity: hold (HoldMetricsUnknown, HoldNoCapacity, HoldScaledToZero). Missing
-   data is never zero load (CASES C12). A hold votes for the current count, so after an outage a full
-   stabilization window of real data passes before any scale-in.
+   data is never zero load (docs/field-cases.md#missing-metrics). A hold votes for the current count, so after
+   an outage a full stabilization window of real data passes before any scale-in.
 3. Zero replicas measure nothing; demand seen from outside (rate or pending requests > 0) starts one replica
    (ScaleOutFromZero), otherwise HoldIdle.
 4. Scale out only on evidence from the running replicas: *saturated* (batch fill ≥ the fill the plan's
    simulation predicts at ``u·C``, ``status.plan.batchFillAtTarget``, else ``u``; without batching,
    ``λ ≥ u·C`` per Ready replica) or *SLA at risk* (queue time beyond ``D`` ≥ T/4, or p99 ≥ 0.9·T while the
    window's queue time beyond ``D`` is ≥ T/8: Triton's p99 summary remembers ~60 s, so a p99 alone may describe
-   load that has left). The target
-   is ``max(ceil(λ / (u·C)), ready + 1)`` (DESIGN §3), at most doubling per tick (HPA's 100 % scale-up policy),
-   at most max. Queue time ≈ D with batches of one is waiting for partners, not for a GPU (CASES C04): the
-   queue thresholds sit beyond D, and ``Decision.low_concurrency`` lets the caller say so in a condition.
+   load that has left). The target is ``max(ceil(λ / (u·C)), ready + 1)`` (the load-proportional count,
+   README.md#autoscaling), at most doubling per tick (HPA's 100 % scale-up policy), at most max. Queue time ≈ D
+   with batches of one is waiting for partners, not for a GPU (docs/field-cases.md#low-concurrency): the queue
+   thresholds sit beyond D, and ``Decision.low_concurrency`` lets the caller say so in a condition.
    Replicas starting or Pending are capacity on the way: no second step for the same
    evidence (HoldCapacityOnTheWay), none at all while pods are unschedulable (HoldReplicasPending), and none
    while the evidence still covers time before the last replica became Ready (HoldSettling: the signal
@@ -32,11 +32,12 @@ Rules, the first that applies decides:
    the SLA, so the plan's capacity is conservative and another GPU would only lower the fill.
 6. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
    HoldStabilizing), never while saturated or at risk; no step bound (HPA's default 100 % scale-down policy),
-   so 3 → 1 happens at the first tick after the window (CASES C11).
+   so 3 → 1 happens at the first tick after the window (docs/field-cases.md#no-traffic).
 
 Recommendations within 10 % of the current count keep it (HPA tolerance). Sources: Kubernetes HPA algorithm
 (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#algorithm-details, stabilization window,
-scaling policies); KEDA's fallback on missing metrics (kedacore/keda#3065); DESIGN §3 and §4.
+scaling policies); KEDA's fallback on missing metrics (https://github.com/kedacore/keda/issues/3065);
+docs/design-notes.md (Autoscaling) for the reasons behind these rules.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ P99_RISK_FRACTION = 0.9
 #: Mean queue time beyond the batching delay at or above this fraction of T puts the SLA at risk. The plan keeps
 #: 2·l(B) ≤ T (Nexus), so waiting for the batch in flight averages ≤ l(B)/2 ≤ T/4: beyond it a backlog builds.
 QUEUE_RISK_FRACTION = 0.25
-#: Low concurrency (CASES C04): batches average fewer samples than this while queue time ≥ 90 % of D.
+#: Low concurrency (docs/field-cases.md#low-concurrency): batches average fewer samples than this while queue
+#: time ≥ 90 % of D.
 LOW_CONCURRENCY_BATCH = 1.5
 LOW_CONCURRENCY_DELAY_FRACTION = 0.9
 #: ... and queue time at most this multiple of D plus LOW_CONCURRENCY_SLACK_MS: beyond it requests wait for a GPU.
@@ -106,7 +108,8 @@ def history_to_store(
 ) -> tuple[Recommendation, ...] | None:
     """What ``status.scalingHistory`` should become: ``current`` (compact) when it ends in a vote or Ready count
     the stored one does not end with, else None (keep the stored one). Entries that only aged out are not worth
-    a status write (a steady model must write nothing, CASES C16); :func:`expand_history` skips them anyway."""
+    a status write (a steady model must write nothing, docs/field-cases.md#status-write-loops);
+    :func:`expand_history` skips them anyway."""
     if not current:
         return None
     if stored and (stored[-1].replicas, stored[-1].ready) == (current[-1].replicas, current[-1].ready):
