@@ -112,27 +112,27 @@ class ConditionReason(StrEnum):
     (``NoData`` when the signals name none); BatchingEffective=Unknown a :class:`PlanWarningReason`.
     """
 
-    #: ConfigValid=True
+    # ConfigValid=True
     VALID = "Valid"
-    #: SLAFeasible=True; Unknown while there is no profile yet
+    # SLAFeasible: True, or Unknown while there is no profile yet
     FEASIBLE = "Feasible"
     PROFILE_NOT_MEASURED = "ProfileNotMeasured"
-    #: Planned=True, from spec.profile, from a measured profile, or without a profile (capacity unknown)
+    # Planned=True: from spec.profile, from a measured profile, or without a profile (capacity unknown)
     PLANNED = "Planned"
     PLANNED_FROM_MEASURED_PROFILE = "PlannedFromMeasuredProfile"
     FIRST_PLAN = PlannedProfileSource.FIRST_PLAN
-    #: Ready
+    # Ready
     REPLICAS_READY = "ReplicasReady"
     NO_READY_REPLICAS = "NoReadyReplicas"
-    #: MetricsAvailable
+    # MetricsAvailable: True with traffic or without, False when the signals name no reason
     IDLE = "Idle"
     SIGNALS_OK = "SignalsOk"
     NO_DATA = "NoData"
-    #: CapacityLimited
+    # CapacityLimited: True while replicas cannot be scheduled or maxReplicas is reached, else False
     REPLICAS_PENDING = "ReplicasPending"
     AT_MAX_REPLICAS = ScalingReason.AT_MAX_REPLICAS
     WITHIN_CAPACITY = "WithinCapacity"
-    #: BatchingEffective=False: clients send one request at a time, so there is nothing to batch
+    # BatchingEffective=False: clients send one request at a time, so there is nothing to batch
     LOW_CONCURRENCY = "LowConcurrency"
 
 
