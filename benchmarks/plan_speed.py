@@ -1,6 +1,7 @@
 """How long `batchfill plan` takes: a 10-point profile against the 3-point seed example, side by side.
 
-Target (issue 2): <= 2 s for the 10-point profile on a 2-core machine. Prints figures; not a pass/fail test.
+Target (README.md, Tests and benchmarks): <= 2 s for the 10-point profile on a 2-core machine. Prints figures;
+not a pass/fail test.
 Run: .venv/bin/python benchmarks/plan_speed.py [--repeat 5]
 """
 

@@ -1,7 +1,8 @@
 """Reconcile time and API calls for a fleet of BatchedModels created at once, on the real local control plane.
 
-Target (issue 3): 100 BatchedModels, all Planned and Ready (a Triton pod scheduled on a fake GPU node and Ready)
-within 60 s on a 2-core machine. Every model gets its own SLA, so every plan is computed (no cache hits).
+Target (README.md, Tests and benchmarks): 100 BatchedModels, all Planned and Ready (a Triton pod scheduled on a
+fake GPU node and Ready) within 60 s on a 2-core machine. Every model gets its own SLA, so every plan is computed
+(no cache hits).
 API calls come from kube-apiserver's own counter ``apiserver_request_total`` (by verb and resource), read before
 and after; the benchmark's own calls (one server-side apply per model, a list of BatchedModels every 0.5 s) are
 shown separately. Prints figures; not a pass/fail test.
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from batchfill.api.reasons import ConditionType
 from batchfill.testbed import devcluster
 from batchfill.testbed.install import (
     GROUP,
@@ -71,8 +73,8 @@ def fleet(n: int, distinct: int) -> list[dict[str, Any]]:
 #: Requests only the operator makes (children it applies, its status and kopf's annotations); the rest of the
 #: table mixes the operator with the controllers, the scheduler and kwok (the counter has no user label).
 OPERATOR_ONLY = {
-    ("APPLY", "configmaps"), ("APPLY", "deployments"), ("APPLY", "services"), ("PATCH", "batchedmodels"),
-    ("PATCH", "batchedmodels/status"), ("GET", "batchedmodels"), ("LIST", "batchedmodels"),
+    ("APPLY", "configmaps"), ("APPLY", "deployments"), ("APPLY", "services"), ("PATCH", PLURAL),
+    ("PATCH", f"{PLURAL}/status"), ("GET", PLURAL), ("LIST", PLURAL),
 }  # fmt: skip
 
 
@@ -131,8 +133,8 @@ def main() -> None:
                     while time.monotonic() - t0 < args.timeout and operator.poll() is None:
                         items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
                         polls += 1
-                        planned = sum(is_true(b, "Planned") for b in items)
-                        ready = sum(is_true(b, "Ready") for b in items)
+                        planned = sum(is_true(b, ConditionType.PLANNED) for b in items)
+                        ready = sum(is_true(b, ConditionType.READY) for b in items)
                         now = time.monotonic() - t0
                         status.update(f"{now:5.1f} s: {planned}/{args.models} Planned, {ready} Ready")
                         if planned_s is None and planned == args.models:
@@ -145,7 +147,7 @@ def main() -> None:
                 after = request_counts(kubeconfig)
             log_tail = (work / "operator.log").read_text().splitlines()[-5:]
     delta = after - before
-    own = collections.Counter({("APPLY", "batchedmodels"): args.models, ("LIST", "batchedmodels"): polls})
+    own = collections.Counter({("APPLY", PLURAL): args.models, ("LIST", PLURAL): polls})
     table = Table(title=f"API requests during the run ({args.models} BatchedModels, {args.distinct_slas} SLAs)")
     for col in ("verb", "resource", "requests", "of them the benchmark's", "others per model", "by"):
         table.add_column(col, justify="right")

@@ -61,15 +61,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from batchfill.api.reasons import ConditionType
+from batchfill.api.spec import GROUP, KIND, PLURAL, VERSION
 from batchfill.cli.demo import sigterm_as_interrupt
 from batchfill.controller.desired import plan_cache
 from batchfill.controller.settings import OperatorSettings
 from batchfill.render.kube import CHILDREN_SELECTOR
 from batchfill.testbed import devcluster
 from batchfill.testbed.install import (
-    GROUP,
-    PLURAL,
-    VERSION,
     install_operator_rbac,
     model_volume,
     operator_as_service_account,
@@ -92,8 +91,8 @@ POLL_S = 2.0
 #: label); the applies of children are its too. Events are created by the controllers as well: the operator's are
 #: counted as the Events whose source is batchfill (its loops) or kopf (its handlers).
 OPERATOR_KINDS = frozenset({
-    ("LIST", "batchedmodels"), ("GET", "batchedmodels"), ("PATCH", "batchedmodels"),
-    ("PATCH", "batchedmodels/status"), ("LIST", "pods"), ("LIST", "deployments"), ("GET", "deployments"),
+    ("LIST", PLURAL), ("GET", PLURAL), ("PATCH", PLURAL),
+    ("PATCH", f"{PLURAL}/status"), ("LIST", "pods"), ("LIST", "deployments"), ("GET", "deployments"),
     ("PATCH", "deployments/scale"), ("APPLY", "configmaps"), ("APPLY", "deployments"),
     ("APPLY", "services"), ("APPLY", "servicemonitors"),
 })  # fmt: skip
@@ -123,7 +122,7 @@ def fleet(models: int, ns_count: int, distinct: int, seed: int) -> list[dict[str
     return [
         {
             "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "BatchedModel",
+            "kind": KIND,
             "metadata": {"name": f"bm-{i:04d}", "namespace": names[i * ns_count // models]},
             "spec": variants[i % distinct],
         }
@@ -324,7 +323,8 @@ def is_planned(bm: dict[str, Any]) -> bool:
     status = bm.get("status") or {}
     if status.get("observedGeneration") != bm["metadata"].get("generation"):
         return False
-    return any(c.get("type") == "Planned" and c.get("status") == "True" for c in status.get("conditions") or [])
+    conditions = status.get("conditions") or []
+    return any(c.get("type") == ConditionType.PLANNED and c.get("status") == "True" for c in conditions)
 
 
 def pod_ready(pod: Any) -> bool:
@@ -459,7 +459,7 @@ def run_size(
                     err = applier.stderr.read().decode() if applier.stderr else ""
                     raise RuntimeError(f"kubectl apply failed: {err[-2000:]}")
             items = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-            counters.own[("LIST", "batchedmodels")] += 1
+            counters.own[("LIST", PLURAL)] += 1
             monitor.planned = sum(is_planned(b) for b in items)
             if time.monotonic() - last_peak.t >= 5.0:
                 snap = counters.snapshot()

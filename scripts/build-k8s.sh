@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the local Kubernetes control plane of the cluster tests and the demo from Go modules, through the Go
 # module proxy only (no GitHub releases, no container images): etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl and kwok. See ../shared/CONTROL_PLANE.md §1-§3 for why it is done this way.
+# kube-scheduler, kubectl and kwok. Why from source: the control plane then needs no Docker, no kind image and
+# no release download, only a Go toolchain and the proxy, and each binary is exactly the pinned version
+# (the versions below; kwok's fake nodes carry the nvidia.com/gpu capacity the tests schedule against).
 #
 #   scripts/build-k8s.sh               build what is missing, print the bin dir on the last line of stdout
 #   scripts/build-k8s.sh --check       exit 0 when every binary is present and current, 1 otherwise (no build)

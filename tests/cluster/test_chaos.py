@@ -20,12 +20,15 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from batchfill.api.reasons import ConditionType, SpecReason
+from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION
 from batchfill.testbed import devcluster
 from batchfill.testbed.install import install_operator_rbac
 
 from .conftest import USE_EXISTING
 from .support import DenyPolicy, Kube, Operator, model_volume, temp_namespace, until, wait_for
-from .test_operator import GROUP, PLURAL, VERSION, batched_model, children, condition, custom, get_bm, is_true
+from .test_operator import batched_model, children, condition, custom, get_bm, is_true
 
 pytestmark = pytest.mark.cluster
 
@@ -55,13 +58,13 @@ def converged(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
     except ApiException:
         return None
     status = bm.get("status") or {}
-    if status.get("observedGeneration") != bm["metadata"]["generation"] or not is_true(bm, "Planned"):
+    if status.get("observedGeneration") != bm["metadata"]["generation"] or not is_true(bm, ConditionType.PLANNED):
         return None
     kids = children(kube, ns, name)
     if len(kids) != 3:
         return None
-    want = kids["configmap"].metadata.annotations["batchfill.io/config-hash"]
-    if kids["deployment"].spec.template.metadata.annotations.get("batchfill.io/config-hash") != want:
+    want = kids["configmap"].metadata.annotations[CONFIG_HASH_ANNOTATION]
+    if kids["deployment"].spec.template.metadata.annotations.get(CONFIG_HASH_ANNOTATION) != want:
         return None
     return bm
 
@@ -215,10 +218,10 @@ def test_a_child_the_api_server_refuses_gives_a_condition(kube: Kube, operator: 
             bm = until(
                 "a condition saying the Deployment was refused",
                 lambda: get_bm(kube, ns, "refused"),
-                lambda b: (condition(b, "Planned") or {}).get("reason") == "ApplyRejected",
+                lambda b: (condition(b, ConditionType.PLANNED) or {}).get("reason") == SpecReason.APPLY_REJECTED,
                 CONVERGE_S,
             )
-            planned = condition(bm, "Planned")
+            planned = condition(bm, ConditionType.PLANNED)
             assert planned is not None
             assert planned["status"] == "False"
             assert "no Deployments here (test policy)" in planned["message"]

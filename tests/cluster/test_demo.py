@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from batchfill.api.reasons import EventReason
 from batchfill.testbed import devcluster
 
 from .conftest import USE_EXISTING
@@ -93,7 +94,7 @@ def test_demo_serves_the_example_within_its_sla_and_cleans_up(tmp_path: Path) ->
     for rendered in ("max_batch_size:", "dynamic_batching {", "kind: KIND_GPU"):
         assert rendered in out, out
     assert re.search(r"text-recognizer-triton-\S+\s+gpu-node-\d\s+1\s+True\s+[0-9a-f]{16}", out), out
-    assert "Deployed" in out, out
+    assert EventReason.DEPLOYED in out, out
     match = re.search(r"SLA kept: worst server p99 ([0-9.]+) ms against T = 450 ms", out)
     assert match, out
     assert 0 < float(match.group(1)) <= 450

@@ -31,6 +31,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from batchfill.api.reasons import ConditionType
+from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from batchfill.testbed.install import install_operator_rbac, operator_as_service_account
 
 from ..fuzz_specs import MIB, SEED_SPEC, numbers, sample_specs
@@ -38,14 +40,13 @@ from .support import Kube, model_volume, rbac_denials, temp_namespace, wait_for
 
 pytestmark = pytest.mark.cluster
 
-GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
 N_FUZZED = 40
 #: Seconds without any write to any BatchedModel that count as settled (> 8 scaling ticks, > 4 profiling ones).
 QUIET_SECONDS = float(os.environ.get("BATCHFILL_FUZZ_QUIET_SECONDS", "45"))
 #: How long the operator may take to handle every accepted spec, and then to stop writing (2 cores, shared).
 HANDLED_TIMEOUT_S = 300.0
 SETTLE_TIMEOUT_S = 300.0
-CONDITION_TYPES = ("ConfigValid", "SLAFeasible", "Planned")
+CONDITION_TYPES = (ConditionType.CONFIG_VALID, ConditionType.SLA_FEASIBLE, ConditionType.PLANNED)
 TRACEBACK_MARKERS = ("Traceback (most recent call last)", "failed with an exception")
 #: The annotation kopf keeps the handled spec in (batchfill.controller.handlers.configure).
 KOPF_COPY = "batchfill.io/last-handled-configuration"
@@ -169,7 +170,7 @@ def _causes(err: ApiException) -> tuple[list[str], str]:
 
 
 def create(kube: Kube, ns: str, name: str, spec: dict[str, Any], strict: bool) -> Outcome:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "BatchedModel", "metadata": {"name": name}, "spec": spec}
+    body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
     size = len(json.dumps(body))
     outcome = Outcome(name, spec, strict, size)
     kwargs: dict[str, Any] = {"field_validation": "Strict"} if strict else {}
@@ -207,7 +208,7 @@ def handled(bm: dict[str, Any]) -> bool:
 def verdict(bm: dict[str, Any]) -> str:
     """planned: Planned=True; condition: ConfigValid/SLAFeasible/Planned False naming a spec. field; else ""."""
     conditions = {c.get("type"): c for c in (bm.get("status") or {}).get("conditions") or []}
-    if (conditions.get("Planned") or {}).get("status") == "True":
+    if (conditions.get(ConditionType.PLANNED) or {}).get("status") == "True":
         return "planned"
     for t in CONDITION_TYPES:
         c = conditions.get(t) or {}

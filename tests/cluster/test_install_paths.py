@@ -28,6 +28,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from batchfill.api.crd import CRD_NAME
 from batchfill.testbed import devcluster
 
 from ..unit.test_install_paths import (
@@ -146,7 +147,7 @@ def _installed(kube: Kube, objs: list[dict[str, Any]], workdir: Path, sa_namespa
     (sa,) = [o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"]
     try:
         _apply(kube, manifest)
-        kube.kubectl("wait", "--for=condition=Established", "crd/batchedmodels.batchfill.io", "--timeout=60s")
+        kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
         # Applying the same manifests again changes nothing (GitOps tools re-apply all the time).
         before = _versions(kube, manifest)
         _apply(kube, manifest)
@@ -192,9 +193,9 @@ def _check_common_denials(install: Install, namespace: str) -> None:
         ("delete", "deployments.apps", ()),
         ("update", "deployments.apps", ()),
         ("update", "deployments.apps", ("--subresource=scale",)),
-        ("delete", "batchedmodels.batchfill.io", ()),
-        ("create", "batchedmodels.batchfill.io", ()),
-        ("update", "batchedmodels.batchfill.io", ("--subresource=status",)),
+        ("delete", CRD_NAME, ()),
+        ("create", CRD_NAME, ()),
+        ("update", CRD_NAME, ("--subresource=status",)),
         ("create", "serviceaccounts", ("--subresource=token",)),
         ("create", "leases.coordination.k8s.io", ()),
         ("create", "roles.rbac.authorization.k8s.io", ()),
@@ -210,11 +211,11 @@ def _check_common_denials(install: Install, namespace: str) -> None:
 
 def _check_operator_allowed(install: Install, namespace: str) -> None:
     allowed = [
-        ("get", "batchedmodels.batchfill.io", ()),
-        ("list", "batchedmodels.batchfill.io", ()),
-        ("watch", "batchedmodels.batchfill.io", ()),
-        ("patch", "batchedmodels.batchfill.io", ()),
-        ("patch", "batchedmodels.batchfill.io", ("--subresource=status",)),
+        ("get", CRD_NAME, ()),
+        ("list", CRD_NAME, ()),
+        ("watch", CRD_NAME, ()),
+        ("patch", CRD_NAME, ()),
+        ("patch", CRD_NAME, ("--subresource=status",)),
         ("create", "configmaps", ()),
         ("patch", "services", ()),
         ("create", "deployments.apps", ()),
@@ -274,7 +275,7 @@ def test_helm_template_applies_and_grants_exactly_the_documented_rules(
             # Not watched: only the cluster-scoped read, and in the operator's own namespace its Lease.
             wait_for(f"RBAC in {ns}", lambda: install.rules_in(ns) == _triples(CLUSTER_READ_RULES) | lease or None, 30)
             assert install.rules_in("default") == _triples(CLUSTER_READ_RULES)
-            assert not install.can_i("list", "batchedmodels.batchfill.io", "--all-namespaces")
+            assert not install.can_i("list", CRD_NAME, "--all-namespaces")
             assert not install.can_i("get", "configmaps", "-n", ns)
             assert not install.can_i("list", "namespaces")
         else:
@@ -283,7 +284,7 @@ def test_helm_template_applies_and_grants_exactly_the_documented_rules(
             assert install.rules_in("default") == expected
             wait_for(f"RBAC in {ns}", lambda: install.rules_in(ns) == expected | lease or None, 30)
             for verb in ("list", "watch"):
-                assert install.can_i(verb, "batchedmodels.batchfill.io", "--all-namespaces")
+                assert install.can_i(verb, CRD_NAME, "--all-namespaces")
             _check_operator_allowed(install, watched[0])
             _check_common_denials(install, watched[0])
             assert install.can_i("list", "namespaces") is (mode == "globs")
@@ -329,7 +330,7 @@ def test_kustomize_base_applies_and_grants_exactly_the_documented_rules(kube: Ku
             wait_for(f"RBAC in {ns}", lambda: install.rules_in(ns) == expected | lease or None, 30)
             _check_leader_election(install, ns, ["default"])
             for verb in ("list", "watch"):
-                assert install.can_i(verb, "batchedmodels.batchfill.io", "--all-namespaces")
+                assert install.can_i(verb, CRD_NAME, "--all-namespaces")
             _check_operator_allowed(install, "default")
             _check_common_denials(install, "default")
             assert not install.can_i("list", "namespaces")

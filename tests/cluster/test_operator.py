@@ -23,6 +23,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from batchfill.api.reasons import ConditionType, SpecReason
+from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION
 from batchfill.testbed.install import install_operator_rbac, operator_as_service_account
 
 from .conftest import USE_EXISTING
@@ -31,8 +34,7 @@ from .support import Kube, model_volume, rbac_denials, require_gpus, temp_namesp
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
-#: How long the steady-state check watches for writes (the issue asks for 5 minutes).
+#: How long the steady-state check watches for writes (docs/field-cases.md#status-write-loops), 5 minutes by default.
 STEADY_SECONDS = float(os.environ.get("BATCHFILL_STEADY_STATE_SECONDS", "300"))
 
 
@@ -118,13 +120,13 @@ def test_valid_model_is_deployed_onto_gpu_nodes_with_status(kube: Kube, operator
         )
         node = kube.core.read_node(pods[0].spec.node_name)
         assert int(node.status.allocatable["nvidia.com/gpu"]) >= 1
-        bm = until("Ready=True", lambda: get_bm(kube, ns, "resnet"), lambda b: is_true(b, "Ready"), 60)
+        bm = until("Ready=True", lambda: get_bm(kube, ns, "resnet"), lambda b: is_true(b, ConditionType.READY), 60)
         status = bm["status"]
         assert not bm["metadata"].get("finalizers"), "deletion must not depend on the operator running"
         assert status["observedGeneration"] == bm["metadata"]["generation"]
         assert status["plan"]["maxBatchSize"] == 7
         assert status["plan"]["seedRule"]["maxQueueDelayMicroseconds"] == 40000
-        assert (condition(bm, "Planned") or {})["status"] == "True"
+        assert (condition(bm, ConditionType.PLANNED) or {})["status"] == "True"
         assert status["readyReplicas"] == 1
         table = kube.kubectl("get", "bm", "-n", ns).stdout
         header = table.splitlines()[0].split()
@@ -160,7 +162,8 @@ def test_api_server_rejects_min_above_max_replicas(kube: Kube, operator: Any) ->
 def test_api_server_rejects_the_c01_specs_with_the_field(
     kube: Kube, operator: Any, batching: dict[str, Any], field: str, message: str
 ) -> None:
-    """CASES C01 on the real API server: the CRD's schema and CEL rules refuse them before any operator runs."""
+    """docs/field-cases.md#preferred-above-max on the real API server: the CRD's schema and CEL rules refuse them
+    before any operator runs."""
     with temp_namespace(kube) as ns:
         with pytest.raises(ApiException) as info:
             custom(kube).create_namespaced_custom_object(
@@ -176,10 +179,15 @@ def test_operator_rejects_with_a_field_named_condition_and_one_event(kube: Kube,
         # preferred sizes beyond the profile: a rule the API server cannot check
         body = batched_model("beyond", batching={"preferredBatchSizes": [4, 16]})
         custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-        bm = until("ConfigValid", lambda: get_bm(kube, ns, "beyond"), lambda b: condition(b, "ConfigValid"), 60)
-        c = condition(bm, "ConfigValid") or {}
+        bm = until(
+            ConditionType.CONFIG_VALID,
+            lambda: get_bm(kube, ns, "beyond"),
+            lambda b: condition(b, ConditionType.CONFIG_VALID),
+            60,
+        )
+        c = condition(bm, ConditionType.CONFIG_VALID) or {}
         assert c["status"] == "False"
-        assert c["reason"] == "InvalidBatching"
+        assert c["reason"] == SpecReason.INVALID_BATCHING
         assert "spec.batching.preferredBatchSizes[1]=16 exceeds the largest profiled batch size 8" in c["message"]
         time.sleep(20)  # a retry loop would show up as more events and handler runs
         assert len(warning_events(kube, ns, "beyond")) == 1
@@ -192,7 +200,7 @@ def test_operator_rejects_with_a_field_named_condition_and_one_event(kube: Kube,
         bm = until(
             "ConfigValid=True",
             lambda: get_bm(kube, ns, "beyond"),
-            lambda b: is_true(b, "ConfigValid"),
+            lambda b: is_true(b, ConditionType.CONFIG_VALID),
             60,
         )
         assert bm["status"]["plan"]["preferredBatchSizes"] == [4, 8]
@@ -221,8 +229,8 @@ def test_sla_edit_rerenders_and_rolls_once_then_delete_collects_children(kube: K
         replica_sets = kube.apps.list_namespaced_replica_set(ns).items
         assert len(replica_sets) == 2
         assert (
-            new["configmap"].metadata.annotations["batchfill.io/config-hash"]
-            == (dep.spec.template.metadata.annotations["batchfill.io/config-hash"])
+            new["configmap"].metadata.annotations[CONFIG_HASH_ANNOTATION]
+            == (dep.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION])
         )
         custom(kube).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "edit")
         wait_for("garbage collection of every child", lambda: children(kube, ns, "edit") == {} or None, 90)
@@ -230,13 +238,14 @@ def test_sla_edit_rerenders_and_rolls_once_then_delete_collects_children(kube: K
 
 
 def test_steady_state_writes_nothing_to_children(kube: Kube, operator: Any) -> None:
-    """C16: with no spec change, no child is written (resourceVersions stay) and the BatchedModel settles."""
+    """docs/field-cases.md#status-write-loops: with no spec change, no child is written (resourceVersions stay)
+    and the BatchedModel settles."""
     with temp_namespace(kube) as ns:
         model_volume(kube, ns)
         custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("steady"))
         wait_for(
             "Ready=True",
-            lambda: (condition(get_bm(kube, ns, "steady"), "Ready") or {}).get("status") == "True" or None,
+            lambda: (condition(get_bm(kube, ns, "steady"), ConditionType.READY) or {}).get("status") == "True" or None,
             120,
         )
         time.sleep(20)  # let the first timer ticks settle
@@ -250,7 +259,7 @@ def test_steady_state_writes_nothing_to_children(kube: Kube, operator: Any) -> N
 
 class ConflictWebhook:
     """A validating admission webhook that makes the real API server answer 409 Conflict to the first write of one
-    Deployment, then admits everything (CASES C18(b)).
+    Deployment, then admits everything (docs/field-cases.md#retries: API trouble is temporary).
 
     The real API server cannot be made to return a 409 to a forced server-side apply on its own; an admission
     webhook denying with ``code: 409`` is the API server's own way of producing one, so the operator sees exactly
@@ -314,7 +323,8 @@ class ConflictWebhook:
     USE_EXISTING, reason="the webhook listens on this machine's loopback, out of a remote API server's reach"
 )
 def test_conflict_on_first_deployment_write_is_retried_and_converges(kube: Kube, operator: Any, tmp_path: Path) -> None:
-    """C18(b): a 409 from the API server is temporary: retried with backoff, no PermanentError, children converge."""
+    """docs/field-cases.md#retries: a 409 from the API server is temporary: retried with backoff, no
+    PermanentError, children converge."""
     with temp_namespace(kube) as ns:
         model_volume(kube, ns)
         hook = ConflictWebhook(tmp_path, "conflict-triton")
@@ -358,14 +368,16 @@ def test_conflict_on_first_deployment_write_is_retried_and_converges(kube: Kube,
             ours = [c for c in hook.calls if c[1] == "conflict-triton"]
             assert ours[0][2] is False, ours  # the first write got the 409
             assert any(allowed for _, _, allowed in ours[1:]), ours  # and a retry went through
-            annotation = "batchfill.io/config-hash"
+            annotation = CONFIG_HASH_ANNOTATION
             assert (
                 kids["deployment"].spec.template.metadata.annotations[annotation]
                 == kids["configmap"].metadata.annotations[annotation]
             )
-            bm = until("Planned=True", lambda: get_bm(kube, ns, "conflict"), lambda b: is_true(b, "Planned"), 60)
-            assert is_true(bm, "ConfigValid")
-            assert not [e for e in warning_events(kube, ns, "conflict") if e.reason in ("ApplyRejected",)]
+            bm = until(
+                "Planned=True", lambda: get_bm(kube, ns, "conflict"), lambda b: is_true(b, ConditionType.PLANNED), 60
+            )
+            assert is_true(bm, ConditionType.CONFIG_VALID)
+            assert not [e for e in warning_events(kube, ns, "conflict") if e.reason in (SpecReason.APPLY_REJECTED,)]
         finally:
             admission.delete_validating_webhook_configuration(name)
             hook.close()

@@ -36,7 +36,18 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
+from batchfill.api.reasons import (
+    ConditionReason,
+    ConditionType,
+    EventReason,
+    ReplanReason,
+    ScalingReason,
+    SignalsReason,
+)
+from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from batchfill.api.status import PlannedProfileSource
 from batchfill.cli.demo import PodTritons
+from batchfill.render.kube import MODEL_LABEL
 from batchfill.testbed.balancer import BalancedLoad
 from batchfill.testbed.loadgen import grpc_fp32_input
 from batchfill.testbed.model_repo import write_model
@@ -52,7 +63,6 @@ pytestmark = [
     ),
 ]
 
-GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
 ALPHA_MS, BETA_MS = 40.0, 6.0
 #: l(b) declared a little above what the sleep model takes (Python-backend overhead ~1 ms, ~0.2 ms per request).
 PROFILE = [{"batchSize": b, "latencyMs": round(ALPHA_MS + 1 + (BETA_MS + 0.2) * b, 1)} for b in (1, 2, 4, 8, 16)]
@@ -60,8 +70,8 @@ PROFILE = [{"batchSize": b, "latencyMs": round(ALPHA_MS + 1 + (BETA_MS + 0.2) * 
 
 def sleep_model(name: str, mode: str) -> dict[str, Any]:
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "BatchedModel",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": {
             "model": {
@@ -115,7 +125,7 @@ class Lab:
         """Keep one tritonserver per Ready pod and Prometheus' targets in step with them."""
         while not self._stop.is_set():
             try:
-                selector = f"batchfill.io/batchedmodel={self.following}"
+                selector = f"{MODEL_LABEL}={self.following}"
                 pods = self.kube.core.list_namespaced_pod(self.ns, label_selector=selector)
                 live = [
                     p
@@ -190,17 +200,21 @@ def condition(bm: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in (bm.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
+def is_planned(bm: dict[str, Any]) -> bool:
+    return condition(bm, ConditionType.PLANNED).get("status") == "True"
+
+
 def test_auto_scales_out_on_saturation_holds_without_metrics_and_scales_in(lab: Lab) -> None:
     lab.following = "auto"
     lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, sleep_model("auto", "Auto"))
-    bm = until("Planned", lambda: lab.bm("auto"), lambda b: condition(b, "Planned").get("status") == "True", 60)
+    bm = until("Planned", lambda: lab.bm("auto"), is_planned, 60)
     plan = bm["status"]["plan"]
     one_replica = plan["capacityPerReplicaRps"] * 0.8  # u·C: what one replica is meant to carry
     until("a Ready pod with its tritonserver", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
     until(
         "MetricsAvailable with traffic-free pods",
         lambda: lab.bm("auto"),
-        lambda b: condition(b, "MetricsAvailable").get("status") == "True",
+        lambda b: condition(b, ConditionType.METRICS_AVAILABLE).get("status") == "True",
         60,
     )
     assert lab.replicas("auto") == 1
@@ -218,7 +232,7 @@ def test_auto_scales_out_on_saturation_holds_without_metrics_and_scales_in(lab: 
     status = until(
         "status after the scale-out", lambda: lab.bm("auto")["status"], lambda s: s.get("desiredReplicas") == 2, 30
     )
-    assert status["lastScaleReason"] in ("ScaleOutSaturated", "ScaleOutSLAAtRisk"), status
+    assert status["lastScaleReason"] in (ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK), status
     assert status.get("lastScaleTime")
     events = lab.kube.core.list_namespaced_event(lab.ns, field_selector="involvedObject.name=auto").items
     assert any(e.reason == status["lastScaleReason"] and "1 -> 2" in e.message for e in events), [
@@ -236,30 +250,33 @@ def test_auto_scales_out_on_saturation_holds_without_metrics_and_scales_in(lab: 
     bm = until(
         "MetricsAvailable=False",
         lambda: lab.bm("auto"),
-        lambda b: condition(b, "MetricsAvailable").get("status") == "False",
+        lambda b: condition(b, ConditionType.METRICS_AVAILABLE).get("status") == "False",
         30,
     )
-    assert condition(bm, "MetricsAvailable")["reason"] in ("PrometheusUnavailable", "PrometheusTimeout")
-    assert bm["status"]["lastScaleReason"] == "HoldMetricsUnknown"
+    assert condition(bm, ConditionType.METRICS_AVAILABLE)["reason"] in (
+        SignalsReason.PROMETHEUS_UNAVAILABLE,
+        SignalsReason.PROMETHEUS_TIMEOUT,
+    )
+    assert bm["status"]["lastScaleReason"] == ScalingReason.HOLD_METRICS_UNKNOWN
     assert "observed" not in bm["status"], "unknown signals must not leave numbers in status.observed"
     time.sleep(30)  # longer than the stabilization window: missing data is not zero load
     assert lab.replicas("auto") == 2
     warnings = [
         e for e in lab.kube.core.list_namespaced_event(lab.ns, field_selector="involvedObject.name=auto").items
-        if e.type == "Warning" and e.reason == "HoldMetricsUnknown"
+        if e.type == "Warning" and e.reason == ScalingReason.HOLD_METRICS_UNKNOWN
     ]  # fmt: skip
     assert len(warnings) == 1, "one Warning event per outage, not one per tick"
     lab.prometheus.start()
     until(
         "MetricsAvailable=True again",
         lambda: lab.bm("auto"),
-        lambda b: condition(b, "MetricsAvailable").get("status") == "True",
+        lambda b: condition(b, ConditionType.METRICS_AVAILABLE).get("status") == "True",
         60,
     )
     t_back = time.monotonic()
     until("scale-in to 1 after the stabilization window", lambda: lab.replicas("auto"), lambda n: n == 1, 120)
     assert time.monotonic() - t_back >= 15, "scaled in before the stabilization window (20 s) of real data"
-    assert lab.bm("auto")["status"]["lastScaleReason"] == "ScaleInLoadFits"
+    assert lab.bm("auto")["status"]["lastScaleReason"] == ScalingReason.SCALE_IN_LOAD_FITS
     lab.load.set_rate(0)
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, "auto")
     print(f"scale-out reaction {reaction_s:.1f} s after the load step")
@@ -268,14 +285,14 @@ def test_auto_scales_out_on_saturation_holds_without_metrics_and_scales_in(lab: 
 def test_advise_only_recommends(lab: Lab) -> None:
     lab.following = "advise"
     lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, sleep_model("advise", "Advise"))
-    bm = until("Planned", lambda: lab.bm("advise"), lambda b: condition(b, "Planned").get("status") == "True", 60)
+    bm = until("Planned", lambda: lab.bm("advise"), is_planned, 60)
     one_replica = bm["status"]["plan"]["capacityPerReplicaRps"] * 0.8
     until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
     lab.load.set_rate(1.5 * one_replica)
     status = until(
         "a recommendation of 2", lambda: lab.bm("advise")["status"], lambda s: s.get("desiredReplicas") == 2, 120
     )
-    assert status["lastScaleReason"] in ("ScaleOutSaturated", "ScaleOutSLAAtRisk"), status
+    assert status["lastScaleReason"] in (ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK), status
     time.sleep(10)
     lab.load.set_rate(0)
     assert lab.replicas("advise") == 1, "Advise changed the Deployment"
@@ -289,13 +306,13 @@ def test_pending_for_gpus_is_reported_with_the_schedulers_reason(lab: Lab) -> No
     body["spec"]["triton"]["gpusPerReplica"] = 5
     lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
     bm = until(
-        "CapacityLimited",
+        ConditionType.CAPACITY_LIMITED,
         lambda: lab.bm("big"),
-        lambda b: condition(b, "CapacityLimited").get("status") == "True",
+        lambda b: condition(b, ConditionType.CAPACITY_LIMITED).get("status") == "True",
         90,
     )
-    limited = condition(bm, "CapacityLimited")
-    assert limited["reason"] == "ReplicasPending"
+    limited = condition(bm, ConditionType.CAPACITY_LIMITED)
+    assert limited["reason"] == ConditionReason.REPLICAS_PENDING
     assert "nvidia.com/gpu" in limited["message"], limited
     time.sleep(10)
     assert lab.replicas("big") == 1, "a Pending replica must not trigger more replicas"
@@ -317,7 +334,7 @@ def test_manual_replica_edits_restored_in_auto_respected_in_off_and_advise(lab: 
 
     apps.patch_namespaced_deployment_scale(f"{name}-triton", lab.ns, {"spec": {"replicas": 3}})
     until("the hand edit restored", lambda: lab.replicas(name), lambda n: n == 1, 30)
-    assert len(events("ManualScaleReverted")) == 1
+    assert len(events(EventReason.MANUAL_SCALE_REVERTED)) == 1
 
     def mode(m: str) -> None:
         lab.custom.patch_namespaced_custom_object(
@@ -334,13 +351,13 @@ def test_manual_replica_edits_restored_in_auto_respected_in_off_and_advise(lab: 
     apps.patch_namespaced_deployment_scale(f"{name}-triton", lab.ns, {"spec": {"replicas": 2}})
     time.sleep(10)
     assert lab.replicas(name) == 2, "Off must leave a hand-set replica count alone"
-    assert lab.bm(name)["status"]["lastScaleReason"] == "ScalingOff"
+    assert lab.bm(name)["status"]["lastScaleReason"] == ScalingReason.SCALING_OFF
     mode("Advise")
     time.sleep(6)
     mode("Auto")
     time.sleep(10)
     assert lab.replicas(name) == 2, "switching to Auto restored a count Auto never applied"
-    assert len(events("ManualScaleReverted")) == 1
+    assert len(events(EventReason.MANUAL_SCALE_REVERTED)) == 1
     assert lab.bm(name)["status"].get("appliedReplicas") == 2  # Auto owns it from here on
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
 
@@ -356,12 +373,14 @@ def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
     # plan's 16 and the config changes (an unchanged config would correctly not roll at all)
     body["spec"]["sla"] = {"latencyP99Ms": 120, "networkOverheadMs": 20}
     lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
-    bm = until("first plan", lambda: lab.bm(name), lambda b: condition(b, "Planned").get("status") == "True", 60)
-    assert condition(bm, "Planned")["reason"] == "FirstPlan", condition(bm, "Planned")
-    assert condition(bm, "SLAFeasible")["status"] == "Unknown"
+    bm = until("first plan", lambda: lab.bm(name), is_planned, 60)
+    assert condition(bm, ConditionType.PLANNED)["reason"] == ConditionReason.FIRST_PLAN, condition(
+        bm, ConditionType.PLANNED
+    )
+    assert condition(bm, ConditionType.SLA_FEASIBLE)["status"] == "Unknown"
     assert bm["status"]["plan"]["capacityPerReplicaRps"] == 0
     assert bm["status"]["plan"]["preferredBatchSizes"] == list(range(1, 17))
-    assert bm["status"]["plannedProfile"]["source"] == "FirstPlan"
+    assert bm["status"]["plannedProfile"]["source"] == PlannedProfileSource.FIRST_PLAN
     endpoints = until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
     assert endpoints[0].startswith("127.1."), f"the pod's server should listen on the pod IP: {endpoints}"
 
@@ -370,7 +389,7 @@ def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
     bm = until(
         "a plan from the measured profile",
         lambda: lab.bm(name),
-        lambda b: (b["status"].get("plannedProfile") or {}).get("source") == "Measured",
+        lambda b: (b["status"].get("plannedProfile") or {}).get("source") == PlannedProfileSource.MEASURED,
         240,  # 10 s measured; 30-150 s before the profiling write used a fresh read (docs/design-notes.md)
     )
     print(f"measured profile adopted {time.monotonic() - load_started:.0f} s after the load started")
@@ -382,25 +401,25 @@ def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
         nominal = ALPHA_MS + BETA_MS * p["batchSize"]
         assert nominal <= p["latencyMs"] <= nominal + 5.0, f"batch {p['batchSize']}: {p} vs nominal {nominal} ms"
     assert points[-1]["batchSize"] == 16, "the fitted line extends the profile to spec.batching.maxBatchSize"
-    assert status["plannedProfile"]["reason"] == "ProfileMeasured"
+    assert status["plannedProfile"]["reason"] == ReplanReason.PROFILE_MEASURED
     assert status["measuredProfile"]["pods"] == 1
     bm = until(
         "Planned from the measured profile",
         lambda: lab.bm(name),
-        lambda b: condition(b, "Planned").get("reason") == "PlannedFromMeasuredProfile",
+        lambda b: condition(b, ConditionType.PLANNED).get("reason") == ConditionReason.PLANNED_FROM_MEASURED_PROFILE,
         30,
     )
     assert bm["status"]["plan"]["capacityPerReplicaRps"] > 0
     assert bm["status"]["plan"]["maxBatchSize"] < 16, bm["status"]["plan"]
-    assert condition(bm, "SLAFeasible")["status"] == "True"
+    assert condition(bm, ConditionType.SLA_FEASIBLE)["status"] == "True"
     config = lab.kube.core.read_namespaced_config_map(f"{name}-triton-config", lab.ns).data["config.pbtxt"]
     assert f"max_batch_size: {bm['status']['plan']['maxBatchSize']}" in config
 
     time.sleep(12)  # several profiling passes: the adoption must not repeat, nor the roll
     events = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
     reasons = [e.reason for e in events]
-    assert reasons.count("ProfileMeasured") == 1, reasons
-    assert reasons.count("ConfigChanged") == 1, f"the Deployment must roll exactly once: {reasons}"
+    assert reasons.count(ReplanReason.PROFILE_MEASURED) == 1, reasons
+    assert reasons.count(EventReason.CONFIG_CHANGED) == 1, f"the Deployment must roll exactly once: {reasons}"
     assert not [e for e in events if e.type == "Warning"], [
         (e.reason, e.message) for e in events if e.type == "Warning"
     ]
@@ -418,8 +437,8 @@ def test_a_declared_profile_the_pods_contradict_is_replanned_once(lab: Lab) -> N
     body["spec"]["profile"] = slow
     body["spec"]["profiling"] = {"minExecutions": 20, "replanIntervalSeconds": 600, "tolerancePercent": 15}
     lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
-    bm = until("planned", lambda: lab.bm(name), lambda b: condition(b, "Planned").get("status") == "True", 60)
-    assert condition(bm, "Planned")["reason"] == "Planned"
+    bm = until("planned", lambda: lab.bm(name), is_planned, 60)
+    assert condition(bm, ConditionType.PLANNED)["reason"] == ConditionReason.PLANNED
     declared_b = bm["status"]["plan"]["maxBatchSize"]
     until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
 
@@ -428,21 +447,21 @@ def test_a_declared_profile_the_pods_contradict_is_replanned_once(lab: Lab) -> N
         "a replan from the measurement",
         lambda: lab.bm(name),
         lambda b: (
-            (b["status"].get("plannedProfile") or {}).get("source") == "Measured"
-            and condition(b, "Planned").get("reason") == "PlannedFromMeasuredProfile"
+            (b["status"].get("plannedProfile") or {}).get("source") == PlannedProfileSource.MEASURED
+            and condition(b, ConditionType.PLANNED).get("reason") == ConditionReason.PLANNED_FROM_MEASURED_PROFILE
         ),
         240,
     )
     planned = bm["status"]["plannedProfile"]
-    assert planned["reason"] == "ProfileDisagrees"
+    assert planned["reason"] == ReplanReason.PROFILE_DISAGREES
     assert re.search(r"declared \d+(\.\d+)? ms, measured \d+(\.\d+)? ms", planned["message"]), planned["message"]
     assert bm["status"]["plan"]["maxBatchSize"] > declared_b, "the faster measured model batches more within T"
     time.sleep(12)  # several profiling passes: the adopted measurement agrees, nothing more happens
     events = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
     reasons = [e.reason for e in events]
-    assert reasons.count("ProfileDisagrees") == 1, reasons
-    assert reasons.count("ConfigChanged") == 1, f"the Deployment must roll exactly once: {reasons}"
-    message = next(e.message for e in events if e.reason == "ProfileDisagrees")
+    assert reasons.count(ReplanReason.PROFILE_DISAGREES) == 1, reasons
+    assert reasons.count(EventReason.CONFIG_CHANGED) == 1, f"the Deployment must roll exactly once: {reasons}"
+    message = next(e.message for e in events if e.reason == ReplanReason.PROFILE_DISAGREES)
     assert re.search(r"declared \d+(\.\d+)? ms, measured \d+(\.\d+)? ms", message), message
     lab.load.set_rate(0)
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
@@ -454,7 +473,7 @@ def test_a_triton_that_dies_and_restarts_changes_no_replica(lab: Lab) -> None:
     name = "restart"
     lab.following = name
     lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, sleep_model(name, "Auto"))
-    bm = until("Planned", lambda: lab.bm(name), lambda b: condition(b, "Planned").get("status") == "True", 60)
+    bm = until("Planned", lambda: lab.bm(name), is_planned, 60)
     rate = 0.5 * bm["status"]["plan"]["capacityPerReplicaRps"] * 0.8  # half of what one replica should carry
     until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
     lab.load.set_rate(rate)
@@ -480,7 +499,7 @@ def test_a_triton_that_dies_and_restarts_changes_no_replica(lab: Lab) -> None:
         "MetricsAvailable and the load's rate again",
         lambda: lab.bm(name),
         lambda b: (
-            condition(b, "MetricsAvailable").get("status") == "True"
+            condition(b, ConditionType.METRICS_AVAILABLE).get("status") == "True"
             and (b["status"].get("observed") or {}).get("requestRate", 0) > 0.5 * rate
         ),
         90,
@@ -511,13 +530,13 @@ def test_operator_killed_between_status_and_scale_converges_without_double_scali
     dep = f"{name}-triton"
     lab.following = name
     lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, sleep_model(name, "Auto"))
-    bm = until("Planned", lambda: lab.bm(name), lambda b: condition(b, "Planned").get("status") == "True", 60)
+    bm = until("Planned", lambda: lab.bm(name), is_planned, 60)
     one_replica = bm["status"]["plan"]["capacityPerReplicaRps"] * 0.8  # u·C
     until("a Ready pod with its tritonserver", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
     until(
         "MetricsAvailable with traffic-free pods",
         lambda: lab.bm(name),
-        lambda b: condition(b, "MetricsAvailable").get("status") == "True",
+        lambda b: condition(b, ConditionType.METRICS_AVAILABLE).get("status") == "True",
         60,
     )
     assert lab.replicas(name) == 1
@@ -603,9 +622,11 @@ def test_operator_killed_between_status_and_scale_converges_without_double_scali
         # replicas batchfill still owns (managedFields): its own scale, recorded but never made, is completed as
         # ScaleResumed, not reported as a hand edit. (The scale-out itself was never posted as an event: the
         # killed operator's tick failed at the scale call, before its events.)
-        assert [e.reason for e in to_two] == ["ScaleResumed"], [(e.reason, e.message) for e in after]
+        assert [e.reason for e in to_two] == [EventReason.SCALE_RESUMED], [(e.reason, e.message) for e in after]
         assert to_two[0].message.startswith("1 -> 2: status recorded a scale to 2"), to_two[0].message
-        assert not [e for e in after if e.reason == "ManualScaleReverted"], [(e.reason, e.message) for e in after]
+        assert not [e for e in after if e.reason == EventReason.MANUAL_SCALE_REVERTED], [
+            (e.reason, e.message) for e in after
+        ]
         print(
             f"\nhalf-applied: status {half.get('lastScaleReason')} (applied {half.get('appliedReplicas')}) with "
             f"the Deployment at 1; events before the kill: {before_kill}"

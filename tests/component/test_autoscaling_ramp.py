@@ -1,4 +1,4 @@
-"""The replica decision driving real parts through a load ramp (issue 4, "Done when" bullet 1).
+"""The replica decision driving real parts through a load ramp: no scale-out before the batch fill says so.
 
 One run per module (:class:`batchfill.testbed.scaling_lab.ScalingLab`, about 4 minutes): real tritonserver
 processes serve the sleep model (50 + 10·b ms per batch, SLA 360 ms with 20 ms overhead so T = 340 ms; the plan
@@ -40,7 +40,9 @@ import shutil
 
 import pytest
 
+from batchfill.api.reasons import ScalingReason
 from batchfill.policy.scaling import P99_RISK_FRACTION, QUEUE_RISK_FRACTION
+from batchfill.policy.signals import SignalState
 from batchfill.testbed.prometheus_local import DEFAULT_BINARY
 from batchfill.testbed.scaling_lab import (
     LabConfig,
@@ -124,7 +126,7 @@ def _at_risk(k: TickRecord, budget_ms: float, delay_ms: float) -> bool:
 
 def test_the_run_is_valid(ramp: LabResult) -> None:
     assert ramp.ticks, "no control tick ran"
-    assert all(k.state == "Ok" for k in ramp.ticks[5:]), [(k.t, k.state, k.message) for k in ramp.ticks]
+    assert all(k.state == SignalState.OK for k in ramp.ticks[5:]), [(k.t, k.state, k.message) for k in ramp.ticks]
     assert ramp.send_lag_p99_ms <= MAX_SEND_LAG_MS, "the load generator lagged: the run measured the client"
     assert ramp.peak_need == 3  # 2.4 replicas' worth of load
     assert len(_up_steps(ramp)) == 2
@@ -139,9 +141,9 @@ def test_a_first_scale_out_only_after_fill_reached_its_target(ramp: LabResult) -
     assert trigger is not None, "never scaled out"
     print("trigger:", _row(trigger))
     print(trigger.message)
-    # issue 4: "scale out only after fill reaches its target"; on this ramp the load rises slowly enough that
-    # saturation, not SLA risk, must be what triggers the first step
-    assert trigger.reason == "ScaleOutSaturated", trigger.message
+    # scale out only once the fill reaches its target (policy/scaling.py, rule 4); on this ramp the load rises
+    # slowly enough that saturation, not SLA risk, must be what triggers the first step
+    assert trigger.reason == ScalingReason.SCALE_OUT_SATURATED, trigger.message
     assert trigger.batch_fill is not None
     assert trigger.batch_fill >= fill_target, trigger.message
     # the evidence is real load: per Ready replica, at least 90 % of what one is meant to carry

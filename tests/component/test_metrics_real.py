@@ -36,14 +36,12 @@ from pathlib import Path
 import pytest
 
 from batchfill.adapters.metrics import (
-    NO_READY_PODS,
-    NO_SERIES,
-    PROMETHEUS_UNAVAILABLE,
     PrometheusSignals,
     SignalTarget,
     TargetKey,
 )
 from batchfill.adapters.triton_stats import ModelStats, delta, read_model_stats
+from batchfill.api.reasons import SignalsReason
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.testbed.loadgen import LoadResult, grpc_fp32_input, run_poisson
 from batchfill.testbed.model_repo import write_model
@@ -254,9 +252,9 @@ def test_only_ready_pods_of_the_batched_model_count(observed: Observed) -> None:
     # triton-a left the Ready set (terminating): its series are still in Prometheus but no longer count
     assert sig[AB_A_TERMINATING.key].state is SignalState.IDLE
     assert sig[AB_A_TERMINATING.key].pods == 1
-    assert (sig[OTHER_NS.key].state, sig[OTHER_NS.key].reason) == (SignalState.UNKNOWN, NO_SERIES)
-    assert (sig[UNSCRAPED.key].state, sig[UNSCRAPED.key].reason) == (SignalState.UNKNOWN, NO_SERIES)
-    assert (sig[NO_PODS.key].state, sig[NO_PODS.key].reason) == (SignalState.UNKNOWN, NO_READY_PODS)
+    assert (sig[OTHER_NS.key].state, sig[OTHER_NS.key].reason) == (SignalState.UNKNOWN, SignalsReason.NO_SERIES)
+    assert (sig[UNSCRAPED.key].state, sig[UNSCRAPED.key].reason) == (SignalState.UNKNOWN, SignalsReason.NO_SERIES)
+    assert (sig[NO_PODS.key].state, sig[NO_PODS.key].reason) == (SignalState.UNKNOWN, SignalsReason.NO_READY_PODS)
 
 
 def test_counter_reset_on_restart_neither_negative_nor_a_spike(observed: Observed) -> None:
@@ -288,7 +286,9 @@ def test_prometheus_down_is_unknown_not_zero(observed: Observed) -> None:
         assert s.request_rate_rps is None
         assert s.batch_fill is None
         assert s.queue_time_ms is None
-        assert s.reason == (NO_READY_PODS if key == NO_PODS.key else PROMETHEUS_UNAVAILABLE), (key, s.message)
+        assert s.reason == (
+            SignalsReason.NO_READY_PODS if key == NO_PODS.key else SignalsReason.PROMETHEUS_UNAVAILABLE
+        ), (key, s.message)
     assert observed.after_stop_fetch_s < 2.0  # no retries with back-off inside a timer tick
 
 

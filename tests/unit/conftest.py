@@ -20,7 +20,7 @@ SEED_DOC: dict[str, Any] = {
     },
 }
 
-# The notional spec of ../shared/CASES.md (C01-C07): SLA 50 ms, no network overhead.
+# The spec the field cases are stated for (docs/field-cases.md): SLA 50 ms, no network overhead.
 CASES_DOC: dict[str, Any] = {
     "metadata": {"name": "resnet", "namespace": "ml"},
     "spec": {

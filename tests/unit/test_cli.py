@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from batchfill.api.reasons import PlanWarningReason
 from batchfill.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,21 @@ def test_several_documents_are_each_planned(tmp_path: Path, capsys: pytest.Captu
     assert main(["plan", str(f), "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [o["name"] for o in out] == ["resnet50", "other"]
+
+
+@pytest.mark.parametrize("output", ["yaml", "json"])
+def test_plan_warnings_print_in_every_output(tmp_path: Path, capsys: pytest.CaptureFixture[str], output: str) -> None:
+    """A warning's reason is a StrEnum member: YAML (safe_dump refuses str subclasses) and JSON print its value."""
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["batching"] = {"maxBatchSize": 4096}  # above the profile: capped, with a warning
+    f = tmp_path / "capped.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(f), "-o", output]) == 0
+    out = capsys.readouterr().out
+    printed = yaml.safe_load(out) if output == "yaml" else json.loads(out)
+    assert [(w["reason"], w["path"]) for w in printed["warnings"]] == [
+        (PlanWarningReason.MAX_BATCH_SIZE_CAPPED, "spec.batching.maxBatchSize")
+    ]
 
 
 def test_bad_input_exits_2_with_one_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,8 +129,9 @@ def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]
 
 
 def test_no_kopf_handler_is_declared_with_zero_retries_or_a_timer() -> None:
-    """``retries=0`` means "never run" in kopf; and a timer or daemon would add a finalizer, so a
-    BatchedModel could not be deleted while the operator is down (scaling runs in handlers.ScalingLoop)."""
+    """docs/field-cases.md#retries: ``retries=0`` means "never run" in kopf; and a timer or daemon would add a
+    finalizer, so a BatchedModel could not be deleted while the operator is down (scaling runs in
+    controller.loops.ScalingLoop)."""
     import kopf
 
     import batchfill.controller.handlers  # noqa: F401  (registers the handlers)

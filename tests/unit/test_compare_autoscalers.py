@@ -19,6 +19,7 @@ from batchfill.api.status import PlanStatus
 from batchfill.compare.autoscalers import (
     BatchfillAutoscaler,
     HorizontalPodAutoscaler,
+    HpaReason,
     MetricSource,
     StaticAutoscaler,
     gpu_utilization_metric,
@@ -97,25 +98,25 @@ def test_metric_source_arithmetic(metric: MetricSource, o: Observation, expected
     ("metric", "o", "replicas", "reason"),
     [
         # GPU: ceil(current · util / target)
-        (GPU80, obs(current=4, gpu_utilization=0.86), 4, "WithinTolerance"),  # ratio 1.075
-        (GPU80, obs(current=4, gpu_utilization=0.88), 4, "WithinTolerance"),  # ratio 1.1: boundary kept
-        (GPU80, obs(current=4, gpu_utilization=0.9), 5, "ScaleUp"),  # ceil(4.5)
-        (GPU80, obs(current=4, gpu_utilization=0.74), 4, "WithinTolerance"),  # ratio 0.925
-        (GPU80, obs(current=4, gpu_utilization=0.6), 3, "ScaleDown"),  # ceil(3.0)
-        (GPU80, obs(current=4, gpu_utilization=0.61), 4, "WithinTolerance"),  # ratio 0.7625 but ceil(3.05) = 4
+        (GPU80, obs(current=4, gpu_utilization=0.86), 4, HpaReason.WITHIN_TOLERANCE),  # ratio 1.075
+        (GPU80, obs(current=4, gpu_utilization=0.88), 4, HpaReason.WITHIN_TOLERANCE),  # ratio 1.1: boundary kept
+        (GPU80, obs(current=4, gpu_utilization=0.9), 5, HpaReason.SCALE_UP),  # ceil(4.5)
+        (GPU80, obs(current=4, gpu_utilization=0.74), 4, HpaReason.WITHIN_TOLERANCE),  # ratio 0.925
+        (GPU80, obs(current=4, gpu_utilization=0.6), 3, HpaReason.SCALE_DOWN),  # ceil(3.0)
+        (GPU80, obs(current=4, gpu_utilization=0.61), 4, HpaReason.WITHIN_TOLERANCE),  # ratio 0.7625 but ceil(3.05) = 4
         # requests/s: ceil(total / target), tolerance measured against current (not ready)
-        (RPS100, obs(current=4, ready=2, request_rate_rps=430.0), 4, "WithinTolerance"),  # 430/400 = 1.075
-        (RPS100, obs(current=4, ready=2, request_rate_rps=460.0), 5, "ScaleUp"),
-        (RPS100, obs(current=4, request_rate_rps=250.0), 3, "ScaleDown"),  # ceil(2.5)
+        (RPS100, obs(current=4, ready=2, request_rate_rps=430.0), 4, HpaReason.WITHIN_TOLERANCE),  # 430/400 = 1.075
+        (RPS100, obs(current=4, ready=2, request_rate_rps=460.0), 5, HpaReason.SCALE_UP),
+        (RPS100, obs(current=4, request_rate_rps=250.0), 3, HpaReason.SCALE_DOWN),  # ceil(2.5)
         # queue time (Value): ceil(ready · value / target)
-        (QUEUE10, obs(current=5, ready=3, queue_time_ms=20.0), 6, "ScaleUp"),
-        (QUEUE10, obs(current=4, ready=4, queue_time_ms=10.5), 4, "WithinTolerance"),
-        (QUEUE10, obs(current=4, ready=4, queue_time_ms=5.0), 2, "ScaleDown"),
+        (QUEUE10, obs(current=5, ready=3, queue_time_ms=20.0), 6, HpaReason.SCALE_UP),
+        (QUEUE10, obs(current=4, ready=4, queue_time_ms=10.5), 4, HpaReason.WITHIN_TOLERANCE),
+        (QUEUE10, obs(current=4, ready=4, queue_time_ms=5.0), 2, HpaReason.SCALE_DOWN),
         # a metric that cannot be computed holds (the HPA's FailedGetMetric)
-        (GPU80, obs(gpu_utilization=None), 4, "FailedGetMetric"),
-        (QUEUE10, obs(current=7, queue_time_ms=None), 7, "FailedGetMetric"),
+        (GPU80, obs(gpu_utilization=None), 4, HpaReason.FAILED_GET_METRIC),
+        (QUEUE10, obs(current=7, queue_time_ms=None), 7, HpaReason.FAILED_GET_METRIC),
         # the HPA does not act on a Deployment scaled to zero
-        (RPS100, obs(current=0, ready=0, request_rate_rps=500.0), 0, "ScalingDisabled"),
+        (RPS100, obs(current=0, ready=0, request_rate_rps=500.0), 0, HpaReason.SCALING_DISABLED),
     ],
 )
 def test_first_tick(metric: MetricSource, o: Observation, replicas: int, reason: str) -> None:
@@ -138,7 +139,7 @@ def test_scale_up_is_limited_per_tick(current: int, wanted: int, limit: int) -> 
     # request-rate metric: total = wanted x target gives exactly `wanted`
     d = hpa(RPS100).decide(obs(current=current, ready=current, request_rate_rps=100.0 * wanted))
     assert d.replicas == limit
-    assert d.reason == ("ScaleUp" if wanted <= limit else "ScaleUpLimited")
+    assert d.reason == (HpaReason.SCALE_UP if wanted <= limit else HpaReason.SCALE_UP_LIMITED)
 
 
 def test_scale_up_limit_repeats_every_tick() -> None:
@@ -153,11 +154,12 @@ def test_scale_up_limit_repeats_every_tick() -> None:
 @pytest.mark.parametrize(
     ("o", "lo", "hi", "replicas", "reason"),
     [
-        (obs(current=4, gpu_utilization=0.0), 2, 10, 2, "ScaleDown"),  # rec 0 -> minReplicas
-        (obs(current=4, gpu_utilization=1.0, request_rate_rps=0), 1, 4, 4, "WithinTolerance"),  # rec 5 -> max 4
-        (obs(current=10, gpu_utilization=0.8), 1, 6, 6, "ScaleDown"),  # within tolerance but above max
-        (obs(current=1, gpu_utilization=0.8), 3, 10, 3, "ScaleUp"),  # below min
-        (obs(current=4, gpu_utilization=8.0), 1, 7, 7, "ScaleUp"),  # rec 40 -> 7, within the step limit
+        (obs(current=4, gpu_utilization=0.0), 2, 10, 2, HpaReason.SCALE_DOWN),  # rec 0 -> minReplicas
+        # rec 5 -> max 4
+        (obs(current=4, gpu_utilization=1.0, request_rate_rps=0), 1, 4, 4, HpaReason.WITHIN_TOLERANCE),
+        (obs(current=10, gpu_utilization=0.8), 1, 6, 6, HpaReason.SCALE_DOWN),  # within tolerance but above max
+        (obs(current=1, gpu_utilization=0.8), 3, 10, 3, HpaReason.SCALE_UP),  # below min
+        (obs(current=4, gpu_utilization=8.0), 1, 7, 7, HpaReason.SCALE_UP),  # rec 40 -> 7, within the step limit
     ],
 )
 def test_min_and_max_bound_the_recommendation(o: Observation, lo: int, hi: int, replicas: int, reason: str) -> None:
@@ -171,9 +173,9 @@ def test_scale_down_waits_for_the_high_recommendation_to_age_out() -> None:
     current = 10
     for t in np.arange(15.0, 300.0, 15.0):
         d = auto.decide(obs(now_s=float(t), current=current, request_rate_rps=200.0))
-        assert (d.replicas, d.reason) == (10, "ScaleDownStabilized"), f"t={t}: the 10 of t=0 is within 300 s"
+        assert (d.replicas, d.reason) == (10, HpaReason.SCALE_DOWN_STABILIZED), f"t={t}: the 10 of t=0 is within 300 s"
     d = auto.decide(obs(now_s=300.0, current=10, request_rate_rps=200.0))
-    assert (d.replicas, d.reason) == (2, "ScaleDown"), "at t=300 the recommendation of t=0 is 300 s old: gone"
+    assert (d.replicas, d.reason) == (2, HpaReason.SCALE_DOWN), "at t=300 the recommendation of t=0 is 300 s old: gone"
 
 
 def test_scale_down_takes_the_highest_recommendation_of_the_window() -> None:
@@ -192,7 +194,7 @@ def test_failed_metric_records_no_recommendation() -> None:
     auto.decide(obs(now_s=0.0, current=4, queue_time_ms=None))
     assert len(auto.recommendations) == 0
     d = auto.decide(obs(now_s=15.0, current=4, queue_time_ms=2.5))
-    assert (d.replicas, d.reason) == (1, "ScaleDown"), "nothing held the scale-down back"
+    assert (d.replicas, d.reason) == (1, HpaReason.SCALE_DOWN), "nothing held the scale-down back"
 
 
 def test_static_autoscaler_always_answers_its_count() -> None:

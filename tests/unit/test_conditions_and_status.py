@@ -1,5 +1,6 @@
 """Conditions keep lastTransitionTime unless they flip; status is written only when it changes, so a status-only
-event or a steady loop writes nothing; a spec that cannot be served names the field in its conditions."""
+event or a steady loop writes nothing; a spec that cannot be served names the field in its conditions
+(docs/field-cases.md#status-write-loops, docs/field-cases.md#retries)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from batchfill.api.errors import SpecError
+from batchfill.api.reasons import ConditionReason, ConditionType, SpecReason
 from batchfill.api.validate import load_model
 from batchfill.controller.desired import desired_state
 from batchfill.controller.status import changed_fields, desired_status, rejection_status
@@ -20,17 +22,23 @@ T0, T1 = 1_795_000_000.0, 1_795_000_100.0
 
 
 def test_transition_time_changes_only_on_a_flip() -> None:
-    first = apply_conditions(None, [ConditionUpdate("Ready", "False", "NoReadyReplicas", "0/1")], generation=1, now=T0)
-    same = apply_conditions(first, [ConditionUpdate("Ready", "False", "NoReadyReplicas", "0/2")], generation=2, now=T1)
+    ready, none_ready = ConditionType.READY, ConditionReason.NO_READY_REPLICAS
+    first = apply_conditions(None, [ConditionUpdate(ready, "False", none_ready, "0/1")], generation=1, now=T0)
+    same = apply_conditions(first, [ConditionUpdate(ready, "False", none_ready, "0/2")], generation=2, now=T1)
     assert same[0]["lastTransitionTime"] == rfc3339(T0)
     assert same[0]["message"] == "0/2"
     assert same[0]["observedGeneration"] == 2
-    flipped = apply_conditions(same, [ConditionUpdate("Ready", "True", "ReplicasReady", "1/1")], generation=2, now=T1)
+    flipped = apply_conditions(
+        same, [ConditionUpdate(ready, "True", ConditionReason.REPLICAS_READY, "1/1")], generation=2, now=T1
+    )
     assert flipped[0]["lastTransitionTime"] == rfc3339(T1)
 
 
 def test_unchanged_conditions_are_identical_so_nothing_is_written() -> None:
-    ups = [ConditionUpdate("Planned", "True", "Planned"), ConditionUpdate("Ready", "True", "ReplicasReady")]
+    ups = [
+        ConditionUpdate(ConditionType.PLANNED, "True", ConditionReason.PLANNED),
+        ConditionUpdate(ConditionType.READY, "True", ConditionReason.REPLICAS_READY),
+    ]
     a = apply_conditions(None, ups, generation=3, now=T0)
     b = apply_conditions(a, ups, generation=3, now=T1)
     assert a == b
@@ -61,10 +69,10 @@ def test_a_rejection_names_the_field_in_conditions() -> None:
     with pytest.raises(SpecError) as info:
         load_model(doc)
     status = rejection_status(info.value, {}, 4, T0)
-    planned = find(status["conditions"], "ConfigValid")
+    planned = find(status["conditions"], ConditionType.CONFIG_VALID)
     assert planned is not None
     assert planned["status"] == "False"
-    assert planned["reason"] == "InvalidBatching"
+    assert planned["reason"] == SpecReason.INVALID_BATCHING
     assert planned["message"] == "spec.batching.preferredBatchSizes[1]=16 exceeds spec.batching.maxBatchSize=8"
     assert status["observedGeneration"] == 4
 
@@ -77,8 +85,9 @@ def test_reconciled_status_and_idempotence() -> None:
     assert wanted["plan"]["maxBatchSize"] == 7
     assert wanted["replicas"] == 2
     assert wanted["readyReplicas"] == 1
-    assert find(wanted["conditions"], "Ready")["status"] == "True"  # type: ignore[index]
+    assert find(wanted["conditions"], ConditionType.READY)["status"] == "True"  # type: ignore[index]
     # the same inputs later change nothing: no status write on a status-only event
+    # (docs/field-cases.md#status-write-loops)
     b2 = body(SEED_DOC, status=wanted)
     assert changed_fields(b2["status"], desired_status(b2, desired, dep, now=T1)) == {}
     # a changed replica count changes exactly those fields

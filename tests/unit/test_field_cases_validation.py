@@ -1,4 +1,4 @@
-"""Field cases C01, C02, C03, C06, C07, C20 (../shared/CASES.md): rejected specs and their exact messages."""
+"""Field cases C01, C02, C03, C06, C07, C20 (docs/field-cases.md): rejected specs and their exact messages."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from batchfill.api.errors import SpecError
+from batchfill.api.reasons import SpecReason
 from batchfill.api.validate import load_model
 
 from .conftest import CASES_DOC, with_spec
@@ -62,7 +63,7 @@ def test_invalid_batching_is_rejected_with_field_and_numbers(batching: dict[str,
         load_model(doc)
     assert expected in [str(p) for p in info.value.problems]
     if not expected.endswith("got -1") and not expected.endswith("got 0"):
-        assert info.value.reason == "InvalidBatching"
+        assert info.value.reason == SpecReason.INVALID_BATCHING
 
 
 def test_c02_batch_axis_in_dims_without_marker_contradicts_declared_rank() -> None:

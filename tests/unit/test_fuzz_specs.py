@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 
 from batchfill.api.errors import SpecError
+from batchfill.api.reasons import ConditionType
 from batchfill.api.status import BatchedModelStatus
 from batchfill.controller.desired import desired_state
 from batchfill.controller.status import desired_status, rejection_status
@@ -49,7 +50,7 @@ def check_plan_or_field_named_rejection(spec: dict[str, Any]) -> str:
         status = rejection_status(error, {}, 3, NOW)
         text = json.dumps(status, allow_nan=False)
         BatchedModelStatus.model_validate_json(text)  # the CRD's status schema: the API server would take it
-        planned = next(c for c in status["conditions"] if c["type"] == "Planned")
+        planned = next(c for c in status["conditions"] if c["type"] == ConditionType.PLANNED)
         assert planned["status"] == "False"
         assert "spec." in planned["message"]
         return "rejected"

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from batchfill.api.reasons import ScalingReason
+from batchfill.api.spec import GROUP, PLURAL
 from batchfill.api.validate import load_model
 from batchfill.cli.main import build_parser
 from batchfill.controller.settings import OperatorSettings
@@ -39,8 +41,8 @@ OPERATOR_UID = 10001
 
 # --- the documented RBAC (charts/batchfill/templates/_helpers.tpl): (apiGroups, resources, verbs) ----------------
 NAMESPACED_RULES = [
-    (["batchfill.io"], ["batchedmodels"], ["get", "list", "watch", "patch"]),
-    (["batchfill.io"], ["batchedmodels/status"], ["get", "patch"]),
+    ([GROUP], [PLURAL], ["get", "list", "watch", "patch"]),
+    ([GROUP], [f"{PLURAL}/status"], ["get", "patch"]),
     ([""], ["configmaps", "services"], ["get", "list", "watch", "create", "patch"]),
     (["apps"], ["deployments"], ["get", "list", "watch", "create", "patch"]),
     (["apps"], ["deployments/scale"], ["get", "patch"]),
@@ -567,7 +569,7 @@ def test_grafana_dashboard_renders_and_queries_only_exported_metrics(helm: str) 
     from batchfill.policy.signals import ModelSignals, SignalState
 
     operator_metrics.observe_tick(
-        "ns", "m", decision=Decision(2, 1, 2, "ScaleOutSaturated", "", ()),
+        "ns", "m", decision=Decision(2, 1, 2, ScalingReason.SCALE_OUT_SATURATED, "", ()),
         signals=ModelSignals(SignalState.OK, pods=1, request_rate_rps=5.0, batch_fill=0.5, queue_time_ms=1.0,
                              p99_ms=10.0), replicas=2, ready=1, capacity_rps=10.0, server_budget_ms=90.0,
         gpus_per_replica=1, elapsed_s=3600.0, gpu_holding_replicas=2,

@@ -1,6 +1,6 @@
 """Signals from Prometheus query results: the pure aggregation, the PromQL text, parsing and error classification.
 
-Field cases (../shared/CASES.md): C09 average batch = Δinference_count / Δexec_count and ratios of sums; C10
+Field cases (docs/field-cases.md): C09 average batch = Δinference_count / Δexec_count and ratios of sums; C10
 increase per series before the sum, pods outside the Ready set excluded; C11 zero traffic is Idle, never NaN;
 C12 empty or failed queries are Unknown, never zero. The HTTP part runs against a stub server on loopback.
 """
@@ -22,13 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchfill.adapters.metrics import (
-    INVALID_VALUE,
-    NO_READY_PODS,
-    NO_SERIES,
-    PROMETHEUS_ERROR,
-    PROMETHEUS_TIMEOUT,
-    PROMETHEUS_UNAVAILABLE,
-    STALLED,
     PrometheusResponseError,
     PrometheusSignals,
     QueryFailure,
@@ -39,6 +32,7 @@ from batchfill.adapters.metrics import (
     parse_vector,
     promql_duration,
 )
+from batchfill.api.reasons import SignalsReason
 from batchfill.policy.signals import ModelSignals, SignalState
 
 NAN, INF = math.nan, math.inf
@@ -81,11 +75,11 @@ def one(t: SignalTarget, r: QueryResults | QueryFailure, window_s: float = W) ->
 
 
 def assert_json_safe(s: ModelSignals) -> None:
-    """Status patches must be valid JSON: no NaN or Inf anywhere (C11)."""
+    """Status patches must be valid JSON: no NaN or Inf anywhere (docs/field-cases.md#no-traffic)."""
     json.dumps(asdict(s), allow_nan=False)
 
 
-# -- C09: the right counters, sums before division ---------------------------------------------------------------
+# -- C09: the right counters, sums before division (docs/field-cases.md#average-batch-size) ----------------------
 
 
 def test_c09_average_batch_is_inferences_over_executions() -> None:
@@ -95,7 +89,7 @@ def test_c09_average_batch_is_inferences_over_executions() -> None:
     assert s.batch_fill == pytest.approx(0.5)  # not 0.125
     assert s.request_rate_rps == pytest.approx(200 / W)
     assert s.inference_rate_rps == pytest.approx(800 / W)
-    assert s.queue_time_ms == pytest.approx(3.0)  # divisor Δrequest_success (C08), not Δinference or Δexec
+    assert s.queue_time_ms == pytest.approx(3.0)  # divisor Δrequest_success, not Δinference or Δexec
     assert s.pods == 1
     assert s.window_s == W
     assert_json_safe(s)
@@ -124,7 +118,7 @@ def test_c09_queue_time_weights_pods_by_requests(
     assert s.queue_time_ms == pytest.approx(expected_queue_ms)
 
 
-# -- C10: increase per series, then sum; pods outside the Ready set excluded ---------------------------------------
+# -- C10: increase per series, then sum; pods outside the Ready set excluded (docs/field-cases.md#counter-resets) --
 
 
 def test_c10_queries_take_increase_per_series_then_sum() -> None:
@@ -149,8 +143,9 @@ def test_c10_queries_take_increase_per_series_then_sum() -> None:
 
 
 def test_c10_restart_table_gives_queue_time_between_20_and_25_ms() -> None:
-    # CASES C10's raw scrapes; the pod restarts between t2 and t3. Prometheus' increase() counts a drop as a
-    # reset and adds the post-reset value: Δqueue = 300k + 300k + 50k + 300k, Δsuccess = 15 + 15 + 2 + 15.
+    # One pod scraped every 15 s restarts between the third and the fourth scrape: queue µs 1.0M, 1.3M, 1.6M, 50k,
+    # 350k and requests 1000, 1015, 1030, 2, 17. Prometheus' increase() counts a drop as a reset and adds the
+    # post-reset value: Δqueue = 300k + 300k + 50k + 300k, Δsuccess = 15 + 15 + 2 + 15.
     s = one(target(), results({"p1": (47, 47, 47, 950_000)}))
     assert s.queue_time_ms is not None
     assert 20.0 <= s.queue_time_ms <= 25.0
@@ -184,7 +179,7 @@ def test_other_batched_model_with_same_model_name_excluded() -> None:
     assert s.request_rate_rps == pytest.approx(1.0)
     assert s.avg_batch_size == pytest.approx(2.0)
     assert s.queue_time_ms == pytest.approx(1.0)
-    assert one(target({"p1"}, ns="nowhere"), r).reason == NO_SERIES
+    assert one(target({"p1"}, ns="nowhere"), r).reason == SignalsReason.NO_SERIES
 
 
 def test_two_targets_in_one_pass() -> None:
@@ -195,10 +190,10 @@ def test_two_targets_in_one_pass() -> None:
         ("ml", "b"): SignalState.IDLE,
         ("ml", "c"): SignalState.UNKNOWN,
     }
-    assert out[("ml", "c")].reason == NO_READY_PODS
+    assert out[("ml", "c")].reason == SignalsReason.NO_READY_PODS
 
 
-# -- C11: no traffic is Idle, never NaN ----------------------------------------------------------------------------
+# -- C11: no traffic is Idle, never NaN (docs/field-cases.md#no-traffic) -------------------------------------------
 
 
 def test_c11_zero_increase_is_idle_not_nan() -> None:
@@ -225,18 +220,18 @@ def test_c11_idle_ignores_a_stale_p99_and_reports_pending() -> None:
 def test_zero_completions_with_pending_requests_is_stalled_not_idle() -> None:
     s = one(target(), results({"p1": (0, 0, 0, 0)}, pending={"p1": 7}))
     assert s.state is SignalState.UNKNOWN
-    assert s.reason == STALLED
+    assert s.reason == SignalsReason.STALLED
 
 
-# -- C12: empty or failed is Unknown, never zero -------------------------------------------------------------------
+# -- C12: empty or failed is Unknown, never zero (docs/field-cases.md#missing-metrics) -----------------------------
 
 
 @pytest.mark.parametrize(
     "failure",
     [
-        QueryFailure(PROMETHEUS_UNAVAILABLE, "connection refused"),
-        QueryFailure(PROMETHEUS_TIMEOUT, "read timed out"),
-        QueryFailure(PROMETHEUS_ERROR, "HTTP 400"),
+        QueryFailure(SignalsReason.PROMETHEUS_UNAVAILABLE, "connection refused"),
+        QueryFailure(SignalsReason.PROMETHEUS_TIMEOUT, "read timed out"),
+        QueryFailure(SignalsReason.PROMETHEUS_ERROR, "HTTP 400"),
     ],
 )
 def test_c12_failed_query_makes_every_target_unknown(failure: QueryFailure) -> None:
@@ -253,7 +248,7 @@ def test_c12_failed_query_makes_every_target_unknown(failure: QueryFailure) -> N
 def test_c12_empty_result_is_no_series_not_zero() -> None:
     s = one(target(), QueryResults())
     assert s.state is SignalState.UNKNOWN
-    assert s.reason == NO_SERIES
+    assert s.reason == SignalsReason.NO_SERIES
     assert s.request_rate_rps is None
 
 
@@ -264,8 +259,8 @@ def test_c11_and_c12_through_the_same_path_differ() -> None:
 
 
 def test_no_ready_pods_wins_over_a_failure() -> None:
-    s = one(target(set()), QueryFailure(PROMETHEUS_UNAVAILABLE, "down"))
-    assert (s.state, s.reason) == (SignalState.UNKNOWN, NO_READY_PODS)
+    s = one(target(set()), QueryFailure(SignalsReason.PROMETHEUS_UNAVAILABLE, "down"))
+    assert (s.state, s.reason) == (SignalState.UNKNOWN, SignalsReason.NO_READY_PODS)
 
 
 def test_pod_without_all_counter_series_does_not_count() -> None:
@@ -278,7 +273,7 @@ def test_pod_without_all_counter_series_does_not_count() -> None:
     assert s.pods == 1
     assert s.request_rate_rps == pytest.approx(1.0)
     only_partial = one(target({"p2"}), partial)
-    assert only_partial.reason == NO_SERIES
+    assert only_partial.reason == SignalsReason.NO_SERIES
     assert "incomplete series for p2" in only_partial.message
 
 
@@ -298,7 +293,7 @@ def test_invalid_counter_sample_of_a_counted_pod_is_unknown(bad: float, column: 
     values = [60.0, 120.0, 60.0, 6000.0]
     values[column] = bad
     s = one(target({"p1", "p2"}), results({"p1": (60, 60, 60, 0), "p2": tuple(values)}))  # type: ignore[dict-item]
-    assert (s.state, s.reason) == (SignalState.UNKNOWN, INVALID_VALUE)
+    assert (s.state, s.reason) == (SignalState.UNKNOWN, SignalsReason.INVALID_VALUE)
     assert_json_safe(s)
 
 
@@ -306,7 +301,7 @@ def test_invalid_counter_sample_of_a_counted_pod_is_unknown(bad: float, column: 
 @pytest.mark.parametrize("gauge", ["p99_us", "pending"])
 def test_infinite_or_negative_gauge_is_unknown(bad: float, gauge: str) -> None:
     s = one(target(), results({"p1": (60, 60, 60, 0)}, **{gauge: {"p1": bad}}))
-    assert (s.state, s.reason) == (SignalState.UNKNOWN, INVALID_VALUE)
+    assert (s.state, s.reason) == (SignalState.UNKNOWN, SignalsReason.INVALID_VALUE)
 
 
 def test_nan_p99_means_no_observation_and_leaves_p99_none() -> None:
@@ -514,7 +509,7 @@ def test_fetch_ok_one_query_per_signal_at_one_instant(stub: Any) -> None:
     assert s.queue_time_ms == pytest.approx(2.0)
     assert s.p99_ms == pytest.approx(25.0)
     assert s.pending_requests == 1
-    assert out[("ml", "empty")].reason == NO_READY_PODS
+    assert out[("ml", "empty")].reason == SignalsReason.NO_READY_PODS
     assert len(seen) == 6
     assert {p["time"][0] for p in seen} == {"1700000000.000"}
     assert {p["timeout"][0] for p in seen} == {"2s"}
@@ -525,24 +520,27 @@ def test_fetch_without_ready_pods_asks_nothing(stub: Any) -> None:
     handlers.append(lambda q: (500, b""))
     with PrometheusSignals(url) as prom:
         out = prom.fetch([target(set())])
-    assert out[("ml", "bm")].reason == NO_READY_PODS
+    assert out[("ml", "bm")].reason == SignalsReason.NO_READY_PODS
     assert seen == []
 
 
 @pytest.mark.parametrize(
     ("reply", "reason"),
     [
-        ((503, b"Service Unavailable"), PROMETHEUS_UNAVAILABLE),
+        ((503, b"Service Unavailable"), SignalsReason.PROMETHEUS_UNAVAILABLE),
         (
             (503, b'{"status":"error","errorType":"timeout","error":"query timed out in expression evaluation"}'),
-            PROMETHEUS_TIMEOUT,
+            SignalsReason.PROMETHEUS_TIMEOUT,
         ),
-        ((400, b'{"status":"error","errorType":"bad_data","error":"parse error"}'), PROMETHEUS_ERROR),
-        ((422, b'{"status":"error","errorType":"execution","error":"many-to-many"}'), PROMETHEUS_ERROR),
-        ((500, b"oops"), PROMETHEUS_ERROR),
-        ((200, b"<html>a proxy login page</html>"), PROMETHEUS_ERROR),
-        ((200, b'{"status":"success","data":{"resultType":"scalar","result":[1.7e9,"1"]}}'), PROMETHEUS_ERROR),
-        ((200, b'{"status":"success"}'), PROMETHEUS_ERROR),
+        ((400, b'{"status":"error","errorType":"bad_data","error":"parse error"}'), SignalsReason.PROMETHEUS_ERROR),
+        ((422, b'{"status":"error","errorType":"execution","error":"many-to-many"}'), SignalsReason.PROMETHEUS_ERROR),
+        ((500, b"oops"), SignalsReason.PROMETHEUS_ERROR),
+        ((200, b"<html>a proxy login page</html>"), SignalsReason.PROMETHEUS_ERROR),
+        (
+            (200, b'{"status":"success","data":{"resultType":"scalar","result":[1.7e9,"1"]}}'),
+            SignalsReason.PROMETHEUS_ERROR,
+        ),
+        ((200, b'{"status":"success"}'), SignalsReason.PROMETHEUS_ERROR),
     ],
 )
 def test_fetch_failures_are_told_apart(stub: Any, reply: tuple[int, bytes], reason: str) -> None:
@@ -563,7 +561,7 @@ def test_fetch_timeout(stub: Any) -> None:
     handlers.append(lambda q: None)
     with PrometheusSignals(url, timeout_s=0.3) as prom:
         s = prom.fetch([target()])[("ml", "bm")]
-    assert (s.state, s.reason) == (SignalState.UNKNOWN, PROMETHEUS_TIMEOUT)
+    assert (s.state, s.reason) == (SignalState.UNKNOWN, SignalsReason.PROMETHEUS_TIMEOUT)
 
 
 def test_fetch_connection_refused() -> None:
@@ -572,7 +570,7 @@ def test_fetch_connection_refused() -> None:
         port = sock.getsockname()[1]  # bound, not listening: connections are refused
         with PrometheusSignals(f"http://127.0.0.1:{port}", timeout_s=2) as prom:
             s = prom.fetch([target()])[("ml", "bm")]
-    assert (s.state, s.reason) == (SignalState.UNKNOWN, PROMETHEUS_UNAVAILABLE)
+    assert (s.state, s.reason) == (SignalState.UNKNOWN, SignalsReason.PROMETHEUS_UNAVAILABLE)
     assert "Connection refused" in s.message
 
 

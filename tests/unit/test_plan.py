@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from batchfill.api.errors import InfeasibleSLAError, SpecError
+from batchfill.api.reasons import ConditionType, PlanWarningReason, SpecReason
 from batchfill.api.validate import load_model
 from batchfill.policy.plan import MIN_QUEUE_DELAY_US, PlanResult, plan_batching, replicas_for
 from batchfill.policy.profile import LatencyProfile
@@ -102,7 +103,7 @@ def test_infeasible_sla_is_a_typed_error_with_the_numbers() -> None:
         "spec.profile[0].latencyMs: latency at batch 1 is 120 ms, budget is 90 ms (spec.sla.latencyP99Ms=130 - "
         "spec.sla.networkOverheadMs=40); no batching configuration can meet the SLA"
     )
-    assert info.value.reason == "SLAInfeasible"
+    assert info.value.reason == SpecReason.SLA_INFEASIBLE
 
 
 def test_override_delay_is_honoured_when_it_keeps_the_sla() -> None:
@@ -136,7 +137,7 @@ def test_max_batch_size_cap_is_honoured() -> None:
 def test_cap_beyond_the_profile_is_capped_with_a_warning() -> None:
     result = plan(with_spec(SEED_DOC, batching={"maxBatchSize": 64}))
     assert result.chosen.max_batch_size <= 8
-    assert [w.reason for w in result.warnings] == ["MaxBatchSizeCapped"]
+    assert [w.reason for w in result.warnings] == [PlanWarningReason.MAX_BATCH_SIZE_CAPPED]
 
 
 def test_batching_off_plans_single_request_executions() -> None:
@@ -164,7 +165,7 @@ def test_c07_variable_length_input_is_reported() -> None:
         with_spec(CASES_DOC, model={"inputs": [{"name": "input_ids", "dataType": "TYPE_INT64", "dims": [-1]}]})
     )
     assert [(w.condition, w.reason, w.path) for w in result.warnings] == [
-        ("BatchingEffective", "VariableShapeInput", "spec.model.inputs[0].dims")
+        (ConditionType.BATCHING_EFFECTIVE, PlanWarningReason.VARIABLE_SHAPE_INPUT, "spec.model.inputs[0].dims")
     ]
 
 

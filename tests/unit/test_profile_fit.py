@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchfill.api.reasons import ReplanReason
 from batchfill.api.spec import ProfilePoint
 from batchfill.policy.profile import LatencyProfile
 from batchfill.policy.profile_fit import BatchTotals, FittedPoint, decide_replan, fit_profile, largest_disagreement
@@ -99,49 +100,52 @@ def decide(**kw: object) -> tuple[bool, str, str]:
 
 def test_declared_profile_within_tolerance_is_kept() -> None:
     replan, reason, message = decide()
-    assert (replan, reason) == (False, "ProfileAgrees")
+    assert (replan, reason) == (False, ReplanReason.PROFILE_AGREES)
     assert message == "batch 8: declared 50 ms, measured 56 ms (+12.0%, tolerance ±15%)"
 
 
 def test_declared_profile_beyond_tolerance_is_replanned_with_old_and_new_values() -> None:
     replan, reason, message = decide(measured=[FittedPoint(8, 60.0, 100)])
-    assert (replan, reason) == (True, "ProfileDisagrees")
+    assert (replan, reason) == (True, ReplanReason.PROFILE_DISAGREES)
     assert message == "batch 8: declared 50 ms, measured 60 ms (+20.0%, tolerance ±15%)"
 
 
 def test_faster_than_declared_also_counts() -> None:
-    assert decide(measured=[FittedPoint(8, 40.0, 100)])[:2] == (True, "ProfileDisagrees")
+    assert decide(measured=[FittedPoint(8, 40.0, 100)])[:2] == (True, ReplanReason.PROFILE_DISAGREES)
 
 
 def test_at_most_one_replan_per_interval() -> None:
     replan, reason, _ = decide(measured=[FittedPoint(8, 80.0, 100)], last_replan_s=9_500.0)
-    assert (replan, reason) == (False, "ReplanIntervalNotElapsed")
+    assert (replan, reason) == (False, ReplanReason.REPLAN_INTERVAL_NOT_ELAPSED)
     assert decide(measured=[FittedPoint(8, 80.0, 100)], last_replan_s=9_000.0)[0]
 
 
 def test_without_a_declared_profile_the_first_measurement_is_adopted() -> None:
     replan, reason, message = decide(declared=None)
-    assert (replan, reason) == (True, "ProfileMeasured")
+    assert (replan, reason) == (True, ReplanReason.PROFILE_MEASURED)
     assert "1: 10.2 ms" in message
 
 
 def test_after_adoption_the_adopted_profile_is_the_reference() -> None:
     adopted = [FittedPoint(1, 10.2, 500), FittedPoint(8, 58.0, 100)]
-    assert decide(declared=None, adopted=adopted)[:2] == (False, "ProfileAgrees")
+    assert decide(declared=None, adopted=adopted)[:2] == (False, ReplanReason.PROFILE_AGREES)
     assert decide(declared=None, adopted=adopted, measured=[FittedPoint(8, 70.0, 100)])[:2] == (
         True,
-        "ProfileDisagrees",
+        ReplanReason.PROFILE_DISAGREES,
     )
 
 
 def test_nothing_measured_waits() -> None:
-    assert decide(measured=[])[:2] == (False, "AwaitingMeasurement")
-    assert decide(measured=[FittedPoint(16, 80.0, 0, True)])[:2] == (False, "AwaitingMeasurement")
+    assert decide(measured=[])[:2] == (False, ReplanReason.AWAITING_MEASUREMENT)
+    assert decide(measured=[FittedPoint(16, 80.0, 0, True)])[:2] == (False, ReplanReason.AWAITING_MEASUREMENT)
 
 
 def test_a_first_adoption_waits_for_two_sizes_when_the_plan_can_batch() -> None:
     one = [FittedPoint(1, 10.2, 500)]
-    assert decide(declared=None, measured=one, min_sizes=2)[:2] == (False, "AwaitingMeasurement")
+    assert decide(declared=None, measured=one, min_sizes=2)[:2] == (False, ReplanReason.AWAITING_MEASUREMENT)
     assert decide(declared=None, measured=[*one, FittedPoint(2, 12.0, 100)], min_sizes=2)[0]
     assert decide(declared=None, measured=one, min_sizes=1)[0]  # a model that cannot batch
-    assert decide(measured=one, min_sizes=2)[:2] == (False, "ProfileAgrees")  # a declared profile compares at once
+    assert decide(measured=one, min_sizes=2)[:2] == (
+        False,
+        ReplanReason.PROFILE_AGREES,
+    )  # a declared profile compares at once

@@ -8,11 +8,14 @@ from typing import Any
 import pytest
 
 from batchfill.api.errors import SpecError
+from batchfill.api.reasons import ConditionReason, ConditionType, ReplanReason
+from batchfill.api.status import PlannedProfileSource
 from batchfill.controller.desired import adopted_profile, desired_state, profile_hash
 from batchfill.controller.profiling import profile_tick
 from batchfill.controller.status import changed_fields, children_drift, desired_status, ready_pod_ips
 from batchfill.policy.conditions import find
 from batchfill.policy.profile_fit import BatchTotals
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION
 
 T0 = 1_800_000_000.0
 SPEC: dict[str, Any] = {
@@ -36,16 +39,16 @@ def totals(
 
 def test_without_a_profile_the_first_plan_is_served_with_unknown_capacity() -> None:
     d = desired_state(SPEC)
-    assert d.profile_source == "FirstPlan"
+    assert d.profile_source == PlannedProfileSource.FIRST_PLAN
     assert d.plan_status.capacityPerReplicaRps == 0
     assert d.plan_status.preferredBatchSizes == list(range(1, 9))
     assert d.plan_status.maxQueueDelayMicroseconds == 100
     assert "max_batch_size: 8" in d.config
     wanted = desired_status(body(SPEC), d, {"status": {"replicas": 1, "readyReplicas": 1}}, now=T0)
-    assert find(wanted["conditions"], "Planned")["reason"] == "FirstPlan"  # type: ignore[index]
-    assert find(wanted["conditions"], "SLAFeasible")["status"] == "Unknown"  # type: ignore[index]
+    assert find(wanted["conditions"], ConditionType.PLANNED)["reason"] == ConditionReason.FIRST_PLAN  # type: ignore[index]
+    assert find(wanted["conditions"], ConditionType.SLA_FEASIBLE)["status"] == "Unknown"  # type: ignore[index]
     assert wanted["plannedProfile"] == {
-        "source": "FirstPlan",
+        "source": PlannedProfileSource.FIRST_PLAN,
         "points": [],
         "since": None,  # no measurement was ever adopted
         "reason": "",
@@ -70,44 +73,44 @@ def test_declared_source_without_a_profile_is_rejected_naming_the_field() -> Non
 def test_a_profiling_pass_adopts_the_measurement_once_and_the_plan_follows() -> None:
     tick = profile_tick(body(SPEC), totals(), pods=1, now=T0)
     assert tick.replan
-    assert tick.reason == "ProfileMeasured"
+    assert tick.reason == ReplanReason.PROFILE_MEASURED
     planned = tick.status["plannedProfile"]
-    assert planned["source"] == "Measured"
+    assert planned["source"] == PlannedProfileSource.MEASURED
     assert [p["batchSize"] for p in planned["points"]] == [1, 2, 3, 8]
     assert planned["points"][0] == {"batchSize": 1, "latencyMs": 46.0, "executions": 50}
     assert planned["points"][-1]["executions"] == 0  # extrapolated to spec.batching.maxBatchSize
     assert planned["points"][-1]["latencyMs"] == pytest.approx(88.0)
-    assert tick.events[0][:2] == ("Normal", "ProfileMeasured")
+    assert tick.events[0][:2] == ("Normal", ReplanReason.PROFILE_MEASURED)
     status = dict(tick.status)
     measured = adopted_profile(SPEC, status)
     assert measured == ((1, 46.0), (2, 52.0), (3, 58.0), (8, 88.0))
     d = desired_state(SPEC, measured)
-    assert d.profile_source == "Measured"
+    assert d.profile_source == PlannedProfileSource.MEASURED
     assert d.plan_status.capacityPerReplicaRps > 0
     # the next pass, same numbers: nothing to write (no replan, measuredProfile is fresh)
     again = profile_tick(body(SPEC, status), totals(), pods=1, now=T0 + 5)
     assert (again.replan, again.status) == (False, {})
-    assert again.reason == "ReplanIntervalNotElapsed"
+    assert again.reason == ReplanReason.REPLAN_INTERVAL_NOT_ELAPSED
     # a far slower model after the interval: replanned from the adopted profile, with old and new values
     later = profile_tick(body(SPEC, status), totals(alpha=60.0), pods=1, now=T0 + 61)
     assert later.replan
-    assert later.reason == "ProfileDisagrees"
+    assert later.reason == ReplanReason.PROFILE_DISAGREES
     assert "adopted measured 46 ms, measured 66 ms" in later.status["plannedProfile"]["message"]
 
 
 def test_too_few_executions_write_nothing() -> None:
     tick = profile_tick(body(SPEC), totals(n=5), pods=1, now=T0)
-    assert (tick.replan, tick.status, tick.reason) == (False, {}, "AwaitingMeasurement")
+    assert (tick.replan, tick.status, tick.reason) == (False, {}, ReplanReason.AWAITING_MEASUREMENT)
 
 
 def test_a_declared_profile_within_tolerance_is_kept_and_the_measurement_shown() -> None:
     spec = copy.deepcopy(SPEC) | {"profile": [{"batchSize": 1, "latencyMs": 47}, {"batchSize": 8, "latencyMs": 90}]}
     tick = profile_tick(body(spec), totals(), pods=2, now=T0)
     assert not tick.replan
-    assert tick.reason == "ProfileAgrees"
+    assert tick.reason == ReplanReason.PROFILE_AGREES
     assert set(tick.status) == {"measuredProfile"}
     assert tick.status["measuredProfile"]["pods"] == 2
-    assert desired_state(spec, adopted_profile(spec, tick.status)).profile_source == "Declared"
+    assert desired_state(spec, adopted_profile(spec, tick.status)).profile_source == PlannedProfileSource.DECLARED
 
 
 def test_a_new_declared_profile_wins_over_an_older_measurement() -> None:
@@ -162,7 +165,7 @@ def test_an_infeasible_measurement_is_not_adopted_and_said_once_per_interval() -
     tick = profile_tick(body(SPEC), totals(alpha=500.0), pods=1, now=T0)  # l(1) = 506 ms > T = 180 ms
     assert not tick.replan
     assert set(tick.status) == {"measuredProfile"}
-    assert tick.events[0][:2] == ("Warning", "MeasuredProfileInfeasible")
+    assert tick.events[0][:2] == ("Warning", ReplanReason.MEASURED_PROFILE_INFEASIBLE)
     assert "measured profile not adopted" in tick.events[0][2]
     again = profile_tick(body(SPEC, dict(tick.status)), totals(alpha=500.0), pods=1, now=T0 + 15)
     assert (again.status, again.events) == ({}, ())
@@ -181,20 +184,20 @@ def test_editing_the_declared_profile_does_not_restart_the_replan_interval() -> 
     since = status["plannedProfile"]["since"]
     spec = copy.deepcopy(SPEC) | {"profile": [{"batchSize": 1, "latencyMs": 20}, {"batchSize": 8, "latencyMs": 40}]}
     d = desired_state(spec, adopted_profile(spec, status))
-    assert d.profile_source == "Declared"
+    assert d.profile_source == PlannedProfileSource.DECLARED
     wanted = desired_status(body(spec, status), d, None, now=T0 + 10)
-    assert wanted["plannedProfile"]["source"] == "Declared"
+    assert wanted["plannedProfile"]["source"] == PlannedProfileSource.DECLARED
     assert wanted["plannedProfile"]["since"] == since  # kept across the source change
     status = {**status, **wanted}
     early = profile_tick(body(spec, status), totals(), pods=1, now=T0 + 30)
-    assert (early.replan, early.reason) == (False, "ReplanIntervalNotElapsed")
+    assert (early.replan, early.reason) == (False, ReplanReason.REPLAN_INTERVAL_NOT_ELAPSED)
     late = profile_tick(body(spec, status), totals(), pods=1, now=T0 + 61)
-    assert (late.replan, late.reason) == (True, "ProfileDisagrees")
+    assert (late.replan, late.reason) == (True, ReplanReason.PROFILE_DISAGREES)
     assert "declared 20 ms, measured 46 ms" in late.status["plannedProfile"]["message"]
 
 
 def _deployment(config_hash: str) -> dict[str, Any]:
-    return {"spec": {"template": {"metadata": {"annotations": {"batchfill.io/config-hash": config_hash}}}}}
+    return {"spec": {"template": {"metadata": {"annotations": {CONFIG_HASH_ANNOTATION: config_hash}}}}}
 
 
 def test_children_that_do_not_serve_the_handled_spec_are_drift() -> None:
@@ -223,7 +226,7 @@ def test_a_replan_may_choose_a_larger_batch_than_the_plan_it_replaces() -> None:
     declared = desired_state(spec)
     assert declared.plan_status.maxBatchSize <= 2
     tick = profile_tick(body(spec), totals(sizes=(1, 2)), pods=1, now=T0)
-    assert (tick.replan, tick.reason) == (True, "ProfileDisagrees")
+    assert (tick.replan, tick.reason) == (True, ReplanReason.PROFILE_DISAGREES)
     points = tick.status["plannedProfile"]["points"]
     assert [p["batchSize"] for p in points] == [1, 2, 16]
     assert points[-1]["executions"] == 0  # extended by the fitted line
@@ -238,7 +241,7 @@ def test_one_measured_size_never_replaces_a_declared_profile() -> None:
     spec = copy.deepcopy(SPEC) | {"profile": slow}
     del spec["batching"]
     one = profile_tick(body(spec), totals(sizes=(1,)), pods=1, now=T0)
-    assert (one.replan, one.reason) == (False, "AwaitingMeasurement")
+    assert (one.replan, one.reason) == (False, ReplanReason.AWAITING_MEASUREMENT)
     assert set(one.status) == {"measuredProfile"}  # shown next to the declared profile, not adopted
     two = profile_tick(body(spec), totals(sizes=(1, 2)), pods=1, now=T0)
-    assert (two.replan, two.reason) == (True, "ProfileDisagrees")
+    assert (two.replan, two.reason) == (True, ReplanReason.PROFILE_DISAGREES)

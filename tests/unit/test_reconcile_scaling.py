@@ -7,6 +7,7 @@ from typing import Any
 
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
+from batchfill.api.reasons import ConditionReason, ConditionType, ScalingReason, SignalsReason
 from batchfill.controller.status import changed_fields, observed_status, pod_counts, replicas_managers
 from batchfill.policy.signals import ModelSignals, SignalState
 
@@ -49,7 +50,7 @@ def test_observed_status_is_rounded_and_empty_when_unknown() -> None:
     assert observed_status(idle) == {
         "requestRate": 0.0, "avgBatchSize": None, "batchFill": None, "queueTimeMs": None, "p99Ms": None
     }  # fmt: skip
-    assert observed_status(ModelSignals.unknown("PrometheusUnavailable", "down")) is None
+    assert observed_status(ModelSignals.unknown(SignalsReason.PROMETHEUS_UNAVAILABLE, "down")) is None
     json.dumps(observed_status(ok), allow_nan=False)
 
 
@@ -74,7 +75,7 @@ class CountingSource:
     def query_all(self, targets: Any) -> QueryResults | QueryFailure:
         self.calls.append(sorted(t.key for t in targets))
         if self.fail:
-            return QueryFailure("PrometheusUnavailable", "refused")
+            return QueryFailure(SignalsReason.PROMETHEUS_UNAVAILABLE, "refused")
         key = ("ns", "p1", "m")
         return QueryResults(success={key: 100.0}, inferences={key: 100.0}, executions={key: 50.0},
                             queue_us={key: 2000.0}, p99_us={}, pending={key: 0.0})  # fmt: skip
@@ -102,12 +103,12 @@ def test_signal_hub_runs_one_query_set_per_tick_for_all_models() -> None:
     assert hub.signals(a).request_rate_rps == 10.0, "a's answer is kept next to c's"
     assert len(source.calls) == 3
     idle_target = SignalTarget("ns", "d", "m", 8, frozenset())
-    assert hub.signals(idle_target).reason == "NoReadyPods"  # no pods: nothing to ask
+    assert hub.signals(idle_target).reason == SignalsReason.NO_READY_PODS  # no pods: nothing to ask
     assert len(source.calls) == 3
     source.fail = True
     now[0] = 12.0
     failed = hub.signals(a)
-    assert (failed.state, failed.reason) == (SignalState.UNKNOWN, "PrometheusUnavailable")
+    assert (failed.state, failed.reason) == (SignalState.UNKNOWN, SignalsReason.PROMETHEUS_UNAVAILABLE)
     hub.forget("ns", "b")
     now[0] = 18.0
     hub.signals(a)
@@ -115,18 +116,21 @@ def test_signal_hub_runs_one_query_set_per_tick_for_all_models() -> None:
 
 
 def test_low_concurrency_becomes_a_batching_condition_and_stays_put() -> None:
-    """Batches of ~1 that wait the whole queue delay (clients sending one request at a time): the status says why
-    batching does nothing; its transition time does not move between ticks."""
+    """docs/field-cases.md#low-concurrency: the status says why batching does nothing; its transition time does not
+    move between ticks."""
     from batchfill.controller.desired import desired_state
     from batchfill.controller.status import desired_status, scaling_conditions
     from batchfill.policy.scaling import Decision
 
-    decision = Decision(1, 1, 1, "HoldWithinTolerance", "", (), metrics_available=True, low_concurrency=True)
+    decision = Decision(
+        1, 1, 1, ScalingReason.HOLD_WITHIN_TOLERANCE, "", (), metrics_available=True, low_concurrency=True
+    )
     signals = ModelSignals(state=SignalState.OK, pods=1, request_rate_rps=10.0, avg_batch_size=1.0)
     extra = scaling_conditions(decision, signals)
     by_type = {u.type: u for u in extra}
-    assert (by_type["BatchingEffective"].status, by_type["BatchingEffective"].reason) == ("False", "LowConcurrency")
-    assert by_type["MetricsAvailable"].status == "True"
+    batching = by_type[ConditionType.BATCHING_EFFECTIVE]
+    assert (batching.status, batching.reason) == ("False", ConditionReason.LOW_CONCURRENCY)
+    assert by_type[ConditionType.METRICS_AVAILABLE].status == "True"
     from pathlib import Path
 
     import yaml
@@ -138,9 +142,8 @@ def test_low_concurrency_becomes_a_batching_condition_and_stays_put() -> None:
     body["status"] = first
     second = desired_status(body, desired, None, now=2000.0, extra=extra)
     assert changed_fields(first, second) == {}
-    assert next(c for c in second["conditions"] if c["type"] == "BatchingEffective")["lastTransitionTime"] == (
-        "1970-01-01T00:16:40Z"
-    )
+    effective = next(c for c in second["conditions"] if c["type"] == ConditionType.BATCHING_EFFECTIVE)
+    assert effective["lastTransitionTime"] == "1970-01-01T00:16:40Z"
 
 
 def test_signal_hub_queries_once_per_pass_however_long_the_pass() -> None:

@@ -1,4 +1,5 @@
-"""The Kubernetes children of a BatchedModel: owner references, GPUs (C20), probes, config hash."""
+"""The Kubernetes children of a BatchedModel: owner references, GPUs (docs/field-cases.md#gpu-requests-limits),
+probes, config hash."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ SEED_PLAN = make_plan(
     seedRule=SeedRule(maxBatchSize=8, maxQueueDelayMicroseconds=40_000, capacityPerReplicaRps=120.0),
 )
 
-# C02: the batch axis written into dims, marked with includesBatchDim.
+# The batch axis written into dims, marked with includesBatchDim (docs/field-cases.md#batch-axis-in-dims).
 C02_MODEL: dict[str, Any] = {
     "name": "segmenter",
     "backend": None,
@@ -117,7 +117,7 @@ C02_MODEL: dict[str, Any] = {
 }
 C02_PROFILE = [{"batchSize": 1, "latencyMs": 10}, {"batchSize": 16, "latencyMs": 40}]
 
-# C06: a stateful model (sequence batcher), SLA 50 ms, profile {1:4, 8:12, 32:35}.
+# A stateful model (sequence batcher), SLA 50 ms, profile {1:4, 8:12, 32:35} (docs/field-cases.md#stateful-models).
 STATEFUL_MODEL: dict[str, Any] = {
     "name": "tracker",
     "stateful": True,
@@ -133,7 +133,7 @@ STATEFUL_SECTIONS: dict[str, Any] = {
     ],
 }
 
-# C07: variable-length token input with ragged batching declared end to end.
+# Variable-length token input with ragged batching declared end to end (docs/field-cases.md#variable-length-inputs).
 RAGGED_MODEL: dict[str, Any] = {
     "name": "bert",
     "inputs": [{"name": "input_ids", "dataType": "TYPE_INT64", "dims": [-1], "allowRaggedBatch": True}],
@@ -325,7 +325,7 @@ def test_cpu_instance_kind_exact() -> None:
     assert text.endswith("instance_group {\n  count: 4\n  kind: KIND_CPU\n}\n")  # 2 per GPU x 2 GPUs
 
 
-# --- C01/C03: max_batch_size always stated, delay in exact microseconds -------------------------------
+# --- max_batch_size always stated, delay in exact microseconds (docs/field-cases.md C01, C03) ----------
 
 
 @pytest.mark.parametrize("mbs", [0, 1, 8, 65_536])
@@ -336,14 +336,15 @@ def test_max_batch_size_line_always_present(mbs: int) -> None:
 
 
 def test_c03_delay_is_the_exact_microsecond_integer() -> None:
-    # Reference rule of CASES.md C03: (50 ms - 35 ms) * 1000 = 15000 µs. Not 15, not 15000000.
+    # The seed rule for CASES_DOC (docs/field-cases.md#queue-delay-units): (50 ms - 35 ms) * 1000 = 15000 µs.
+    # Not 15, not 15000000.
     spec = make_spec(sla={"latencyP99Ms": 50, "networkOverheadMs": 0})
     text = render_model_config(spec, make_plan(32, [32], 15_000))
     assert re.findall(r"max_queue_delay_microseconds: (\d+)$", text, re.MULTILINE) == ["15000"]
     assert parse(text).dynamic_batching.max_queue_delay_microseconds == 15_000
 
 
-# --- C02: dims and the batch axis ----------------------------------------------------------------------
+# --- dims and the batch axis (docs/field-cases.md#batch-axis-in-dims) ----------------------------------
 
 
 @pytest.mark.parametrize(
@@ -621,7 +622,8 @@ def test_spec_error_is_a_value_error_with_field_paths() -> None:
 
 
 def test_ragged_flag_dropped_when_batching_off() -> None:
-    # C07: allow_ragged_batch is never written with max_batch_size 0; the batch inputs the model reads stay.
+    # allow_ragged_batch is never written with max_batch_size 0; the batch inputs the model reads stay
+    # (docs/field-cases.md#variable-length-inputs).
     spec, _, _ = GOLDEN_CASES["ragged_batch_inputs"]
     text = render_model_config(spec, make_plan(0))
     assert "allow_ragged_batch" not in text

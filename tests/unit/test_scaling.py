@@ -13,6 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from batchfill.api.reasons import ScalingReason, SignalsReason
 from batchfill.api.spec import ScalingMode, ScalingSpec
 from batchfill.api.status import PlanStatus
 from batchfill.policy.scaling import (
@@ -28,6 +29,8 @@ from batchfill.policy.scaling import (
     history_to_store,
 )
 from batchfill.policy.signals import ModelSignals, SignalState
+
+R = ScalingReason  # short, for the tables
 
 NOW = 10_000.0
 PLAN = PlanNumbers(capacity_rps=50.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0)
@@ -50,7 +53,7 @@ def ok(rate: float, fill: float = 0.5, queue: float = 2.0, p99: float | None = 4
 
 
 IDLE = ModelSignals(state=SignalState.IDLE, pods=3, request_rate_rps=0.0, inference_rate_rps=0.0, queue_time_ms=0.0)
-UNKNOWN = ModelSignals.unknown("PrometheusUnavailable", "connection refused")
+UNKNOWN = ModelSignals.unknown(SignalsReason.PROMETHEUS_UNAVAILABLE, "connection refused")
 
 
 def run(
@@ -86,39 +89,41 @@ QUIET = None  # run()'s default history: nothing holds a scale-in back
     ("signals", "current", "ready", "history", "desired", "reason", "recommendation"),
     [
         # saturated: 100 rps needs 2.5 -> 3; the running 2 are full
-        pytest.param(ok(100, fill=0.9), 2, 2, QUIET, 3, "ScaleOutSaturated", 3, id="ramp-saturated"),
+        pytest.param(ok(100, fill=0.9), 2, 2, QUIET, 3, R.SCALE_OUT_SATURATED, 3, id="ramp-saturated"),
         # saturated although the plan says 60 rps fits on 2: the measured fill wins, one more
-        pytest.param(ok(60, fill=0.85), 2, 2, QUIET, 3, "ScaleOutSaturated", 2, id="saturated-plan-optimistic"),
+        pytest.param(ok(60, fill=0.85), 2, 2, QUIET, 3, R.SCALE_OUT_SATURATED, 2, id="saturated-plan-optimistic"),
         # 240 rps needs 6, but one tick at most doubles: 2 -> 4
-        pytest.param(ok(240, fill=0.95), 2, 2, QUIET, 4, "ScaleOutSaturated", 6, id="step-bound-doubling"),
+        pytest.param(ok(240, fill=0.95), 2, 2, QUIET, 4, R.SCALE_OUT_SATURATED, 6, id="step-bound-doubling"),
         # high rate by the plan, but low fill, short queue, p99 fine: the running replicas keep up
-        pytest.param(ok(200, fill=0.3), 2, 2, QUIET, 2, "HoldNotSaturated", 5, id="high-rate-low-fill"),
+        pytest.param(ok(200, fill=0.3), 2, 2, QUIET, 2, R.HOLD_NOT_SATURATED, 5, id="high-rate-low-fill"),
         # SLA at risk at a moderate rate (p99 85 ≥ 81, requests queue 15 ms ≥ T/8): one more replica
-        pytest.param(ok(60, fill=0.5, queue=15.0, p99=85), 2, 2, QUIET, 3, "ScaleOutSLAAtRisk", 2, id="p99-at-risk"),
+        pytest.param(
+            ok(60, fill=0.5, queue=15.0, p99=85), 2, 2, QUIET, 3, R.SCALE_OUT_SLA_AT_RISK, 2, id="p99-at-risk"
+        ),
         # the same p99 while the window's queue time is 2 ms: the summary's older minute, not the load now
-        pytest.param(ok(60, fill=0.5, p99=85), 2, 2, QUIET, 2, "HoldWithinTolerance", 2, id="stale-p99"),
+        pytest.param(ok(60, fill=0.5, p99=85), 2, 2, QUIET, 2, R.HOLD_WITHIN_TOLERANCE, 2, id="stale-p99"),
         # no p99 summary, but requests wait 25 ms beyond the 0.1 ms delay (≥ 22.5)
-        pytest.param(ok(60, queue=25.0, p99=None), 2, 2, QUIET, 3, "ScaleOutSLAAtRisk", 2, id="queue-at-risk"),
+        pytest.param(ok(60, queue=25.0, p99=None), 2, 2, QUIET, 3, R.SCALE_OUT_SLA_AT_RISK, 2, id="queue-at-risk"),
         # 40 rps fits on 1, but 3 was recommended 200 s ago (window 300 s)
-        pytest.param(ok(40), 3, 3, votes((200, 3)), 3, "HoldStabilizing", 1, id="scale-in-waits"),
+        pytest.param(ok(40), 3, 3, votes((200, 3)), 3, R.HOLD_STABILIZING, 1, id="scale-in-waits"),
         # the 3 was recommended exactly 300 s ago: out of the window, scale in
-        pytest.param(ok(40), 3, 3, votes((300, 3), (100, 1)), 1, "ScaleInLoadFits", 1, id="scale-in-after-window"),
+        pytest.param(ok(40), 3, 3, votes((300, 3), (100, 1)), 1, R.SCALE_IN_LOAD_FITS, 1, id="scale-in-after-window"),
         # the window's largest vote (2) limits the scale-in
-        pytest.param(ok(40), 4, 4, votes((250, 2), (100, 1)), 2, "ScaleInLoadFits", 1, id="scale-in-to-window-max"),
+        pytest.param(ok(40), 4, 4, votes((250, 2), (100, 1)), 2, R.SCALE_IN_LOAD_FITS, 1, id="scale-in-to-window-max"),
         # a fresh start (no history, or a gap longer than the window) never scales in on its first tick
-        pytest.param(ok(40), 3, 3, (), 3, "HoldStabilizing", 1, id="restart-no-history"),
-        pytest.param(IDLE, 3, 3, votes((290, 3)), 3, "HoldStabilizing", 0, id="idle-stabilizing"),
-        pytest.param(IDLE, 3, 3, votes((300, 3), (15, 1)), 1, "ScaleInIdle", 0, id="idle-scale-in"),
-        pytest.param(IDLE, 1, 1, QUIET, 1, "HoldIdle", 0, id="idle-at-min"),
-        pytest.param(UNKNOWN, 4, 4, votes((100, 1)), 4, "HoldMetricsUnknown", None, id="unknown-holds"),
+        pytest.param(ok(40), 3, 3, (), 3, R.HOLD_STABILIZING, 1, id="restart-no-history"),
+        pytest.param(IDLE, 3, 3, votes((290, 3)), 3, R.HOLD_STABILIZING, 0, id="idle-stabilizing"),
+        pytest.param(IDLE, 3, 3, votes((300, 3), (15, 1)), 1, R.SCALE_IN_IDLE, 0, id="idle-scale-in"),
+        pytest.param(IDLE, 1, 1, QUIET, 1, R.HOLD_IDLE, 0, id="idle-at-min"),
+        pytest.param(UNKNOWN, 4, 4, votes((100, 1)), 4, R.HOLD_METRICS_UNKNOWN, None, id="unknown-holds"),
         # a scale-out is in flight (1 of 3 starting): the same saturation adds nothing
-        pytest.param(ok(100, fill=0.9), 3, 2, QUIET, 3, "HoldCapacityOnTheWay", 3, id="in-flight-same-load"),
+        pytest.param(ok(100, fill=0.9), 3, 2, QUIET, 3, R.HOLD_CAPACITY_ON_THE_WAY, 3, id="in-flight-same-load"),
         # ... but a load beyond what is on the way (200 rps -> 5) still scales, bounded by doubling
-        pytest.param(ok(200, fill=0.9), 3, 2, QUIET, 5, "ScaleOutSaturated", 5, id="in-flight-more-load"),
+        pytest.param(ok(200, fill=0.9), 3, 2, QUIET, 5, R.SCALE_OUT_SATURATED, 5, id="in-flight-more-load"),
         # 37 rps per replica on 10: needs 9.25, within 10 % of 10 -> keep
-        pytest.param(ok(370), 10, 10, QUIET, 10, "HoldWithinTolerance", 10, id="tolerance-holds"),
+        pytest.param(ok(370), 10, 10, QUIET, 10, R.HOLD_WITHIN_TOLERANCE, 10, id="tolerance-holds"),
         # 350 -> 8.75, 12.5 % below 10 -> 9
-        pytest.param(ok(350), 10, 10, QUIET, 9, "ScaleInLoadFits", 9, id="tolerance-exceeded"),
+        pytest.param(ok(350), 10, 10, QUIET, 9, R.SCALE_IN_LOAD_FITS, 9, id="tolerance-exceeded"),
     ],
 )
 def test_decision_table(
@@ -153,7 +158,7 @@ def test_c04_low_concurrency_is_not_overload() -> None:
     c04 = PlanNumbers(capacity_rps=200.0, max_batch_size=32, max_queue_delay_us=50_000, server_budget_ms=90.0)
     signals = ok(10, fill=1 / 32, batch=1.0, queue=50.0, p99=55.0)
     d = run(signals, 1, plan=c04)
-    assert (d.desired_replicas, d.reason, d.low_concurrency, d.sla_at_risk) == (1, "HoldWithinTolerance", True, False)
+    assert (d.desired_replicas, d.reason, d.low_concurrency, d.sla_at_risk) == (1, R.HOLD_WITHIN_TOLERANCE, True, False)
     # more replicas than the load needs fall to minReplicas; never up
     assert run(signals, 3, plan=c04).desired_replicas == 1
     # even a p99 near T (85 ≥ 81) is waiting for partners (queue ≈ delay), not for a GPU: never a scale-out
@@ -165,7 +170,8 @@ def test_c04_low_concurrency_is_not_overload() -> None:
 
 
 def test_samples_count_not_requests() -> None:
-    """Requests of 4 samples (CASES C09): the batcher fills samples, so 50 req/s are 200 samples/s -> 5."""
+    """Requests of 4 samples (docs/field-cases.md#average-batch-size): the batcher fills samples, so 50 req/s are
+    200 samples/s -> 5."""
     d = run(ok(50, inference=200, fill=0.9), 2)
     assert (d.recommendation, d.desired_replicas) == (5, 4)
 
@@ -173,8 +179,8 @@ def test_samples_count_not_requests() -> None:
 def test_without_batching_load_per_replica_is_the_saturation_evidence() -> None:
     plan = PlanNumbers(capacity_rps=50.0, max_batch_size=0, max_queue_delay_us=0, server_budget_ms=90.0)
     none = ModelSignals(state=SignalState.OK, pods=2, request_rate_rps=90.0, queue_time_ms=1.0, p99_ms=30.0)
-    assert run(none, 2, plan=plan).reason == "ScaleOutSaturated"  # 45 rps/replica ≥ 40
-    assert run(replace_rate(none, 70.0), 2, plan=plan).reason == "HoldWithinTolerance"  # needs 1.75
+    assert run(none, 2, plan=plan).reason == R.SCALE_OUT_SATURATED  # 45 rps/replica ≥ 40
+    assert run(replace_rate(none, 70.0), 2, plan=plan).reason == R.HOLD_WITHIN_TOLERANCE  # needs 1.75
 
 
 def replace_rate(s: ModelSignals, rate: float) -> ModelSignals:
@@ -185,26 +191,26 @@ def replace_rate(s: ModelSignals, rate: float) -> ModelSignals:
 
 def test_pending_for_gpu_is_reported_and_blocks_scale_out() -> None:
     d = run(ok(200, fill=0.95), 3, 2, pending=1)
-    assert (d.desired_replicas, d.reason, d.capacity_limited) == (3, "HoldReplicasPending", True)
+    assert (d.desired_replicas, d.reason, d.capacity_limited) == (3, R.HOLD_REPLICAS_PENDING, True)
     assert (d.pending_replicas, d.pending_reason) == (1, PENDING_GPU)
     assert d.message.endswith("; 1 Pending: " + PENDING_GPU)
     # the pending pod is removed again when the load fits on fewer
     d = run(ok(30), 3, 2, pending=1)
-    assert (d.desired_replicas, d.reason) == (1, "ScaleInLoadFits")
+    assert (d.desired_replicas, d.reason) == (1, R.SCALE_IN_LOAD_FITS)
 
 
 @pytest.mark.parametrize(
     ("signals", "current", "kw", "desired", "reason", "limited"),
     [
-        pytest.param(UNKNOWN, 10, {}, 8, "AboveMaxReplicas", False, id="above-max-even-unknown"),
-        pytest.param(UNKNOWN, 0, {}, 1, "BelowMinReplicas", False, id="below-min-even-unknown"),
-        pytest.param(ok(20), 1, {"minReplicas": 2}, 2, "BelowMinReplicas", False, id="below-min"),
-        pytest.param(ok(400, fill=0.95), 8, {}, 8, "AtMaxReplicas", True, id="saturated-at-max"),
-        pytest.param(ok(400, fill=0.95), 6, {}, 8, "ScaleOutSaturated", True, id="capped-at-max"),
-        pytest.param(UNKNOWN, 0, {"minReplicas": 0}, 0, "HoldScaledToZero", False, id="zero-unknown"),
-        pytest.param(ok(5.0), 0, {"minReplicas": 0}, 1, "ScaleOutFromZero", False, id="zero-with-demand"),
-        pytest.param(IDLE, 0, {"minReplicas": 0}, 0, "HoldIdle", False, id="zero-idle"),
-        pytest.param(ok(50), 2, {"maxReplicas": 1, "minReplicas": 3}, 1, "AboveMaxReplicas", False, id="min-gt-max"),
+        pytest.param(UNKNOWN, 10, {}, 8, R.ABOVE_MAX_REPLICAS, False, id="above-max-even-unknown"),
+        pytest.param(UNKNOWN, 0, {}, 1, R.BELOW_MIN_REPLICAS, False, id="below-min-even-unknown"),
+        pytest.param(ok(20), 1, {"minReplicas": 2}, 2, R.BELOW_MIN_REPLICAS, False, id="below-min"),
+        pytest.param(ok(400, fill=0.95), 8, {}, 8, R.AT_MAX_REPLICAS, True, id="saturated-at-max"),
+        pytest.param(ok(400, fill=0.95), 6, {}, 8, R.SCALE_OUT_SATURATED, True, id="capped-at-max"),
+        pytest.param(UNKNOWN, 0, {"minReplicas": 0}, 0, R.HOLD_SCALED_TO_ZERO, False, id="zero-unknown"),
+        pytest.param(ok(5.0), 0, {"minReplicas": 0}, 1, R.SCALE_OUT_FROM_ZERO, False, id="zero-with-demand"),
+        pytest.param(IDLE, 0, {"minReplicas": 0}, 0, R.HOLD_IDLE, False, id="zero-idle"),
+        pytest.param(ok(50), 2, {"maxReplicas": 1, "minReplicas": 3}, 1, R.ABOVE_MAX_REPLICAS, False, id="min-gt-max"),
     ],
 )
 def test_bounds(
@@ -217,17 +223,17 @@ def test_bounds(
 def test_no_capacity_holds() -> None:
     plan = PlanNumbers(capacity_rps=0.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0)
     d = run(ok(100, fill=0.9), 2, plan=plan)
-    assert (d.desired_replicas, d.reason, d.recommendation) == (2, "HoldNoCapacity", None)
+    assert (d.desired_replicas, d.reason, d.recommendation) == (2, R.HOLD_NO_CAPACITY, None)
 
 
 def test_modes() -> None:
     auto = run(ok(100, fill=0.9), 2)
     advise = run(ok(100, fill=0.9), 2, mode=ScalingMode.ADVISE)
     off = run(ok(100, fill=0.9), 2, mode=ScalingMode.OFF)
-    assert (auto.desired_replicas, auto.reason, auto.apply) == (3, "ScaleOutSaturated", True)
-    assert (advise.desired_replicas, advise.reason, advise.apply) == (3, "ScaleOutSaturated", False)
+    assert (auto.desired_replicas, auto.reason, auto.apply) == (3, R.SCALE_OUT_SATURATED, True)
+    assert (advise.desired_replicas, advise.reason, advise.apply) == (3, R.SCALE_OUT_SATURATED, False)
     assert advise.history == auto.history
-    assert (off.desired_replicas, off.reason, off.apply) == (2, "ScalingOff", False)
+    assert (off.desired_replicas, off.reason, off.apply) == (2, R.SCALING_OFF, False)
     assert off.message == "scaling.mode Off: keeping 2 (would be 3, ScaleOutSaturated)"
     # Off never touches replicas, not even outside the bounds
     assert run(UNKNOWN, 0, mode=ScalingMode.OFF).desired_replicas == 0
@@ -267,9 +273,9 @@ def test_c11_idle_scales_in_after_the_window_exactly() -> None:
     ds = ticks([(600, IDLE, -1)], 3)
     first = next(i for i, d in enumerate(ds) if d.desired_replicas == 1)
     assert first * 15 == 300
-    assert {d.reason for d in ds[:first]} == {"HoldStabilizing"}
-    assert ds[first].reason == "ScaleInIdle"
-    assert {d.reason for d in ds[first + 1 :]} == {"HoldIdle"}
+    assert {d.reason for d in ds[:first]} == {R.HOLD_STABILIZING}
+    assert ds[first].reason == R.SCALE_IN_IDLE
+    assert {d.reason for d in ds[first + 1 :]} == {R.HOLD_IDLE}
     assert ticks([(600, IDLE, -1)], 3, minReplicas=0)[first].desired_replicas == 0
 
 
@@ -277,12 +283,12 @@ def test_c12_outage_holds_then_resumes_without_a_burst() -> None:
     """4 replicas at peak; Prometheus down 10 min; load back lower: no scale-in until a full window of data."""
     ds = ticks([(600, UNKNOWN, -1), (600, ok(40), -1)], 4)
     outage, after = ds[:40], ds[40:]
-    assert {(d.desired_replicas, d.reason, d.apply) for d in outage} == {(4, "HoldMetricsUnknown", False)}
+    assert {(d.desired_replicas, d.reason, d.apply) for d in outage} == {(4, R.HOLD_METRICS_UNKNOWN, False)}
     assert not any(d.metrics_available for d in outage)
     first = next(i for i, d in enumerate(after) if d.changes_replicas)
     assert 600 + first * 15 == 585 + 300  # a full window after the last tick without data
-    assert (after[first].desired_replicas, after[first].reason) == (1, "ScaleInLoadFits")
-    # C11 vs C12: same replicas and history, idle scales in, unknown holds
+    assert (after[first].desired_replicas, after[first].reason) == (1, R.SCALE_IN_LOAD_FITS)
+    # docs/field-cases.md C11 vs C12: same replicas and history, idle scales in, unknown holds
     h = votes((300, 4), (15, 1))
     assert run(IDLE, 4, history=h).desired_replicas == 1
     assert run(UNKNOWN, 4, history=h).desired_replicas == 4
@@ -294,21 +300,21 @@ def test_slow_model_load_does_not_chain_scale_ups() -> None:
     ds = ticks([(15, hot, 2), (165, hot, 2), (60, hot, 3), (120, cooled, 3)], 2)
     assert [d.desired_replicas for d in ds] == [3] * len(ds)
     reasons = [d.reason for d in ds]
-    assert reasons[0] == "ScaleOutSaturated"
-    assert set(reasons[1:12]) == {"HoldCapacityOnTheWay"}
-    assert set(reasons[12:16]) == {"HoldSettling"}
-    assert set(reasons[16:]) == {"HoldWithinTolerance"}  # 100 rps needs 2.5 -> 3
+    assert reasons[0] == R.SCALE_OUT_SATURATED
+    assert set(reasons[1:12]) == {R.HOLD_CAPACITY_ON_THE_WAY}
+    assert set(reasons[12:16]) == {R.HOLD_SETTLING}
+    assert set(reasons[16:]) == {R.HOLD_WITHIN_TOLERANCE}  # 100 rps needs 2.5 -> 3
 
 
 def test_pending_gpu_does_not_chain_scale_ups() -> None:
     """No free GPU: the third replica stays Pending for 10 min while the two Ready ones stay saturated."""
     ds = ticks([(600, ok(100, fill=0.95), 2)], 2, pending=1)
-    assert (ds[0].desired_replicas, ds[0].reason) == (3, "ScaleOutSaturated")
+    assert (ds[0].desired_replicas, ds[0].reason) == (3, R.SCALE_OUT_SATURATED)
     assert {(d.desired_replicas, d.reason, d.capacity_limited, d.pending_replicas) for d in ds[1:]} == {
-        (3, "HoldReplicasPending", True, 1)
+        (3, R.HOLD_REPLICAS_PENDING, True, 1)
     }
     # more load does not add pods that cannot be scheduled either
-    assert run(ok(300, fill=0.95), 3, 2, pending=1).reason == "HoldReplicasPending"
+    assert run(ok(300, fill=0.95), 3, 2, pending=1).reason == R.HOLD_REPLICAS_PENDING
 
 
 def test_oscillating_load_does_not_flap() -> None:
@@ -328,7 +334,7 @@ weird = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -
 def inputs(draw: st.DrawFn) -> ScalingInput:
     state = draw(st.sampled_from(SignalState))
     signals = (
-        ModelSignals.unknown("NoSeries", "")
+        ModelSignals.unknown(SignalsReason.NO_SERIES, "")
         if state == SignalState.UNKNOWN
         else ModelSignals(
             state=state,
@@ -403,9 +409,9 @@ def test_saturation_is_the_fill_the_plan_predicts_at_target_not_the_target_utili
     plan = PlanNumbers(capacity_rps=50.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0,
                        batch_fill_at_target=0.3)  # fmt: skip
     below = run(ok(50.0, fill=0.25), 1, plan=plan)
-    assert (below.saturated, below.desired_replicas, below.reason) == (False, 1, "HoldNotSaturated")
+    assert (below.saturated, below.desired_replicas, below.reason) == (False, 1, R.HOLD_NOT_SATURATED)
     at = run(ok(50.0, fill=0.3), 1, plan=plan)
-    assert (at.saturated, at.desired_replicas, at.reason) == (True, 2, "ScaleOutSaturated")
+    assert (at.saturated, at.desired_replicas, at.reason) == (True, 2, R.SCALE_OUT_SATURATED)
     # the same fill without the plan's number falls back to u = 0.8: not saturated
     assert run(ok(50.0, fill=0.3), 1).saturated is False
 
@@ -418,10 +424,10 @@ def test_evidence_waits_for_triton_p99_summary_window_after_a_replica_joins() ->
     hot = ok(60.0, fill=0.3, queue=15.0, p99=95.0, window_s=window)  # p99 ≥ 0.9·T; load needs 2 at u·C = 40
     joined = (Recommendation(NOW - 40, 2, 1), Recommendation(NOW - 30, 2, 2))  # 2nd Ready 30 s ago
     held = run(hot, 2, 2, history=joined)
-    assert (held.desired_replicas, held.reason) == (2, "HoldSettling")
+    assert (held.desired_replicas, held.reason) == (2, R.HOLD_SETTLING)
     later = (Recommendation(NOW - 70, 2, 1), Recommendation(NOW - 61, 2, 2))  # 61 s ago: the summary moved on
     acted = run(hot, 2, 2, history=later)
-    assert (acted.desired_replicas, acted.reason) == (3, "ScaleOutSLAAtRisk")
+    assert (acted.desired_replicas, acted.reason) == (3, R.SCALE_OUT_SLA_AT_RISK)
 
 
 def test_fill_evidence_settles_for_the_signal_window_only() -> None:
@@ -430,9 +436,9 @@ def test_fill_evidence_settles_for_the_signal_window_only() -> None:
     full = ok(60.0, fill=0.9, window_s=10.0)
     joined = (Recommendation(NOW - 40, 2, 1), Recommendation(NOW - 30, 2, 2))
     d = run(full, 2, 2, history=joined)
-    assert (d.desired_replicas, d.reason) == (3, "ScaleOutSaturated")
+    assert (d.desired_replicas, d.reason) == (3, R.SCALE_OUT_SATURATED)
     recent = (Recommendation(NOW - 8, 2, 1), Recommendation(NOW - 3, 2, 2))  # joined < 8 s ago: inside the window
-    assert run(full, 2, 2, history=recent).reason == "HoldSettling"
+    assert run(full, 2, 2, history=recent).reason == R.HOLD_SETTLING
 
 
 # --- the window after a restart: status.scalingHistory ------------------------------------------------------

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from batchfill.api.status import PlanStatus
+from batchfill.policy.signals import SignalState
 from batchfill.testbed.loadgen import varying_poisson_arrivals
 from batchfill.testbed.scaling_lab.analysis import (
     latency_windows,
@@ -101,7 +102,7 @@ def _tick(t: float, current: int, ready: int, desired: int, reason: str = "Hold"
         message="",
         saturated=False,
         sla_at_risk=False,
-        state="Ok",
+        state=SignalState.OK,
         pods=ready,
         request_rate_rps=None,
         inference_rate_rps=None,

@@ -1,4 +1,4 @@
-"""Load signals of every BatchedModel from Triton's Prometheus metrics (DESIGN.md section 4, issue 4 item 1).
+"""Load signals of every BatchedModel from Triton's Prometheus metrics.
 
 Per tick, one instant PromQL query per signal for **all** BatchedModels, each grouped ``by (namespace, pod,
 model)`` (``namespace`` and ``pod`` are the target labels a ServiceMonitor puts on a Triton pod's series;
@@ -13,14 +13,15 @@ models and namespaces of the targets (``{model=~"m1|m2",namespace=~"ns1|ns2"}``)
     pending     sum by (namespace, pod, model) (nv_inference_pending_request_count SEL)               requests
 
 ``increase`` is taken per series (per Triton version, per scrape target) and *then* summed, so a counter reset
-when one pod restarts is detected by Prometheus on that series alone (CASES C10); ``increase(sum(...))`` would
-lose it. Rates are ``Σ increase / W``: Prometheus defines ``increase(v[W])`` as exactly ``rate(v[W]) * W`` (same
-extrapolation), so one query gives both the request rate and the divisor of the queue time.
+when one pod restarts is detected by Prometheus on that series alone (docs/field-cases.md#counter-resets);
+``increase(sum(...))`` would lose it. Rates are ``Σ increase / W``: Prometheus defines ``increase(v[W])`` as
+exactly ``rate(v[W]) * W`` (same extrapolation), so one query gives both the request rate and the divisor of the
+queue time.
 
 The aggregation (:func:`aggregate`) is pure: it takes the parsed query results and, for each
 :class:`SignalTarget` (one BatchedModel: namespace, Triton model name, plan ``max_batch_size``, its Ready pods),
 returns a :class:`~batchfill.policy.signals.ModelSignals`. Only series of the target's namespace, model and Ready
-pods count. Increases are summed over those pods before any division (CASES C09):
+pods count. Increases are summed over those pods before any division (docs/field-cases.md#average-batch-size):
 
 * ``request_rate_rps   = Σ Δnv_inference_request_success / W``
 * ``inference_rate_rps = Σ Δnv_inference_count / W``
@@ -39,14 +40,14 @@ States (decisions on edge cases):
   refused or HTTP 503 / timeout, client- or server-side / any other HTTP error or malformed answer). Every target
   gets it: one Prometheus answers all queries, so partial answers are not mixed.
 * ``Unknown/NoSeries``: no Ready pod of the target has the four counter series (not scraped, wrong labels,
-  another namespace). Missing data is never zero load (CASES C12).
+  another namespace). Missing data is never zero load (docs/field-cases.md#missing-metrics).
 * ``Unknown/InvalidValue``: NaN, ±Inf or a negative value in a counted pod's counter increase, or ±Inf or a
   negative value in its p99 or pending sample. Series of pods that do not count are not inspected.
 * ``Unknown/Stalled``: zero successful requests in the window while requests are pending: the server completes
   nothing, which is neither idle nor a measurable load; the policy holds.
-* ``Idle``: series present, Σ Δsuccess = 0 and nothing pending (CASES C11). Rates are 0; average batch size,
-  batch fill, queue time and p99 are ``None`` (no request was served in the window, so nothing to average;
-  never NaN); pending is reported.
+* ``Idle``: series present, Σ Δsuccess = 0 and nothing pending (docs/field-cases.md#no-traffic). Rates are 0;
+  average batch size, batch fill, queue time and p99 are ``None`` (no request was served in the window, so
+  nothing to average; never NaN); pending is reported.
 * ``Ok``: Σ Δsuccess > 0. ``avg_batch_size``/``batch_fill`` are ``None`` if Σ Δexec is 0 (an extrapolation
   corner at the window edge), ``batch_fill`` is ``None`` if ``max_batch_size`` < 1 (no batching).
   ``p99_ms`` is ``None`` when no counted pod has a finite summary: a NaN quantile is Triton's "no observation in
@@ -70,6 +71,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from batchfill.api.reasons import SignalsReason
 from batchfill.policy.signals import ModelSignals, SignalState
 
 #: (namespace, pod, Triton model name): the grouping of every query.
@@ -77,14 +79,14 @@ SeriesKey = tuple[str, str, str]
 #: (namespace, BatchedModel name): the key of :func:`aggregate`'s and :meth:`PrometheusSignals.fetch`'s answer.
 TargetKey = tuple[str, str]
 
-#: Unknown reasons (CamelCase: they become condition reasons).
-PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
-PROMETHEUS_TIMEOUT = "PrometheusTimeout"
-PROMETHEUS_ERROR = "PrometheusError"
-NO_SERIES = "NoSeries"
-NO_READY_PODS = "NoReadyPods"
-INVALID_VALUE = "InvalidValue"
-STALLED = "Stalled"
+#: The Unknown reasons by their former names here (controller/reconcile.py imports two); use SignalsReason.
+PROMETHEUS_UNAVAILABLE = SignalsReason.PROMETHEUS_UNAVAILABLE
+PROMETHEUS_TIMEOUT = SignalsReason.PROMETHEUS_TIMEOUT
+PROMETHEUS_ERROR = SignalsReason.PROMETHEUS_ERROR
+NO_SERIES = SignalsReason.NO_SERIES
+NO_READY_PODS = SignalsReason.NO_READY_PODS
+INVALID_VALUE = SignalsReason.INVALID_VALUE
+STALLED = SignalsReason.STALLED
 
 GROUP_BY = "namespace, pod, model"
 
@@ -144,7 +146,7 @@ class QueryResults:
 class QueryFailure:
     """A query that did not answer: every target becomes Unknown with ``reason``."""
 
-    reason: str  # PrometheusUnavailable | PrometheusTimeout | PrometheusError
+    reason: SignalsReason  # PROMETHEUS_UNAVAILABLE | PROMETHEUS_TIMEOUT | PROMETHEUS_ERROR
     message: str
 
 
@@ -249,7 +251,7 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
     w = window_s
     where = f"model {target.model!r} in namespace {target.namespace!r}"
     if not target.ready_pods:
-        return ModelSignals.unknown(NO_READY_PODS, f"{where}: no Ready pod", w)
+        return ModelSignals.unknown(SignalsReason.NO_READY_PODS, f"{where}: no Ready pod", w)
     keys = [(target.namespace, pod, target.model) for pod in sorted(target.ready_pods)]
     counters = [results.success, results.inferences, results.executions, results.queue_us]
     counted = [k for k in keys if all(k in c for c in counters)]
@@ -257,7 +259,7 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
         partial = [k[1] for k in keys if any(k in c for c in counters)]
         detail = f" (incomplete series for {', '.join(partial)})" if partial else ""
         return ModelSignals.unknown(
-            NO_SERIES,
+            SignalsReason.NO_SERIES,
             f"{where}: no Triton counter series over the last {promql_duration(w)} for the "
             f"{len(keys)} Ready pod(s) {', '.join(k[1] for k in keys[:5])}{detail}",
             w,
@@ -265,11 +267,13 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
     for k in counted:
         for name, c in zip(COUNTERS, counters, strict=True):
             if _bad(c[k]):
-                return ModelSignals.unknown(INVALID_VALUE, f"{where}: pod {k[1]}: increase of {name} is {c[k]}", w)
+                return ModelSignals.unknown(
+                    SignalsReason.INVALID_VALUE, f"{where}: pod {k[1]}: increase of {name} is {c[k]}", w
+                )
         for name, g in (("p99_us", results.p99_us), ("pending", results.pending)):
             v = g.get(k)
             if v is not None and not math.isnan(v) and _bad(v):
-                return ModelSignals.unknown(INVALID_VALUE, f"{where}: pod {k[1]}: {name} is {v}", w)
+                return ModelSignals.unknown(SignalsReason.INVALID_VALUE, f"{where}: pod {k[1]}: {name} is {v}", w)
 
     # Plain sums: an absurd value overflows to inf (fsum would raise) and is caught below.
     success = sum(results.success[k] for k in counted)
@@ -285,12 +289,14 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
     overflow = _overflow(success=success, inferences=inferences, executions=executions, queue_us=queue_us)
     overflow = overflow or _overflow(pending=pending)
     if overflow:
-        return ModelSignals.unknown(INVALID_VALUE, f"{where}: {overflow}", w)
+        return ModelSignals.unknown(SignalsReason.INVALID_VALUE, f"{where}: {overflow}", w)
 
     if success == 0:
         if pending:
             return ModelSignals.unknown(
-                STALLED, f"{where}: no request completed in {promql_duration(w)} but {pending:g} are pending", w
+                SignalsReason.STALLED,
+                f"{where}: no request completed in {promql_duration(w)} but {pending:g} are pending",
+                w,
             )
         return ModelSignals(
             state=SignalState.IDLE,
@@ -311,7 +317,7 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
         avg_batch_size=avg, queue_time_ms=queue_ms, request_rate_rps=rate, inference_rate_rps=inferences / w
     )
     if overflow:
-        return ModelSignals.unknown(INVALID_VALUE, f"{where}: {overflow}", w)
+        return ModelSignals.unknown(SignalsReason.INVALID_VALUE, f"{where}: {overflow}", w)
     return ModelSignals(
         state=SignalState.OK,
         message=(
@@ -376,17 +382,19 @@ def classify_error(exc: BaseException, url: str) -> QueryFailure:
         cause, urllib3.exceptions.NewConnectionError
     )
     if isinstance(exc, requests.exceptions.Timeout) or timed_out:
-        return QueryFailure(PROMETHEUS_TIMEOUT, f"Prometheus at {url} did not answer in time: {text}")
+        return QueryFailure(SignalsReason.PROMETHEUS_TIMEOUT, f"Prometheus at {url} did not answer in time: {text}")
     if isinstance(exc, requests.exceptions.ConnectionError):
-        return QueryFailure(PROMETHEUS_UNAVAILABLE, f"cannot reach Prometheus at {url}: {text}")
+        return QueryFailure(SignalsReason.PROMETHEUS_UNAVAILABLE, f"cannot reach Prometheus at {url}: {text}")
     if isinstance(exc, PrometheusApiClientException):
         m = _STATUS.search(str(exc))
         status = int(m.group(1)) if m else 0
         if '"errorType":"timeout"' in str(exc).replace(" ", ""):
-            return QueryFailure(PROMETHEUS_TIMEOUT, f"Prometheus at {url} timed out evaluating a query: {text}")
+            return QueryFailure(
+                SignalsReason.PROMETHEUS_TIMEOUT, f"Prometheus at {url} timed out evaluating a query: {text}"
+            )
         if status == 503:
-            return QueryFailure(PROMETHEUS_UNAVAILABLE, f"Prometheus at {url} is unavailable: {text}")
-    return QueryFailure(PROMETHEUS_ERROR, f"bad answer from Prometheus at {url}: {text}")
+            return QueryFailure(SignalsReason.PROMETHEUS_UNAVAILABLE, f"Prometheus at {url} is unavailable: {text}")
+    return QueryFailure(SignalsReason.PROMETHEUS_ERROR, f"bad answer from Prometheus at {url}: {text}")
 
 
 class PrometheusSignals:

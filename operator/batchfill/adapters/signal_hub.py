@@ -1,4 +1,4 @@
-"""One set of Prometheus queries per tick for every BatchedModel (DESIGN §4: one query per signal for all models).
+"""One set of Prometheus queries per tick for every BatchedModel: one query per signal for all models, not per model.
 
 The scaling loop (handlers.ScalingLoop) marks each pass (:meth:`SignalHub.new_pass`) and then asks for each
 model in turn; the first request of a pass runs the six queries for every model the hub knows, the others reuse

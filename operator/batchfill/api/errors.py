@@ -6,6 +6,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchfill.api.reasons import SpecReason
+
 
 def field_path(loc: Iterable[Any], root: str = "spec") -> str:
     """Render a location tuple as a Kubernetes-style field path.
@@ -50,10 +52,10 @@ class Problem:
 class SpecError(ValueError):
     """A BatchedModel spec that cannot be served; carries every problem found, each naming its field.
 
-    ``reason`` is a CamelCase condition reason (``InvalidSpec``, ``InvalidBatching``, ``SLAInfeasible``).
+    ``reason`` is a CamelCase condition reason, a :class:`~batchfill.api.reasons.SpecReason`.
     """
 
-    def __init__(self, problems: Sequence[Problem], reason: str = "InvalidSpec") -> None:
+    def __init__(self, problems: Sequence[Problem], reason: str = SpecReason.INVALID_SPEC) -> None:
         if not problems:
             raise ValueError("SpecError needs at least one problem")
         kept = [Problem(_clip(p.path, MAX_PATH_CHARS), _clip(p.message, MAX_MESSAGE_CHARS)) for p in problems]
@@ -69,4 +71,4 @@ class InfeasibleSLAError(SpecError):
     """No configuration meets the SLA, not even batch size 1; the message gives the numbers."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:
-        super().__init__(problems, reason="SLAInfeasible")
+        super().__init__(problems, reason=SpecReason.SLA_INFEASIBLE)

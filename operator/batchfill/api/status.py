@@ -9,6 +9,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from batchfill.api.spec import ProfileSource
+
 
 class _Status(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
@@ -94,6 +96,19 @@ class MeasuredProfileStatus(_Status):
     points: list[MeasuredPoint] = Field(default_factory=list)
     pods: int = Field(ge=0, description="Pods whose statistics were summed.")
     measuredAt: str = Field(description="When, RFC 3339.")
+
+
+class PlannedProfileSource(StrEnum):
+    """Where the profile behind ``status.plan`` came from (``status.plannedProfile.source``).
+
+    The two sources ``spec.profiling.source`` names, and the first plan, made before any profile exists. The
+    first plan is no value of :class:`~batchfill.api.spec.ProfileSource`: the CRD derives the values
+    ``spec.profiling.source`` accepts from that enum, and a user cannot ask for it.
+    """
+
+    DECLARED = ProfileSource.DECLARED
+    MEASURED = ProfileSource.MEASURED
+    FIRST_PLAN = "FirstPlan"
 
 
 class PlannedProfileStatus(_Status):

@@ -16,7 +16,9 @@ import yaml
 from pydantic import ValidationError
 
 from batchfill.api.errors import Problem, SpecError, field_path
+from batchfill.api.reasons import SpecReason
 from batchfill.api.spec import (
+    KIND,
     BatchedModel,
     BatchedModelSpec,
     DataType,
@@ -297,15 +299,16 @@ def load_model(doc: Mapping[str, Any]) -> BatchedModel:
     """
     if not isinstance(doc, Mapping):
         raise SpecError([Problem("(document)", f"must be a mapping (a BatchedModel object), got {_describe(doc)}")])
-    if doc.get("kind", "BatchedModel") != "BatchedModel":
-        raise SpecError([Problem("kind", f"must be BatchedModel, got {doc.get('kind')!r}")])
+    if doc.get("kind", KIND) != KIND:
+        raise SpecError([Problem("kind", f"must be {KIND}, got {doc.get('kind')!r}")])
     try:
         bm = BatchedModel.model_validate(doc)
     except ValidationError as err:
         raise SpecError(problems_from_validation_error(err, root="")) from None
     problems = check_spec(bm.spec)
     if problems:
-        reason = "InvalidBatching" if any(q.path.startswith("spec.batching") for q in problems) else "InvalidSpec"
+        batching = any(q.path.startswith("spec.batching") for q in problems)
+        reason = SpecReason.INVALID_BATCHING if batching else SpecReason.INVALID_SPEC
         raise SpecError(problems, reason=reason)
     return bm
 

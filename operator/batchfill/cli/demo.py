@@ -36,16 +36,14 @@ from rich.console import Console
 from rich.table import Table
 
 from batchfill.adapters.triton_stats import summary_quantile_ms
+from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.render import config_on_cpu, config_with_parameters
 from batchfill.render.kube import GRPC_PORT, HTTP_PORT, METRICS_PORT, MODEL_LABEL
 from batchfill.testbed import devcluster
 from batchfill.testbed.install import (
     CLAIM,
-    GROUP,
     OPERATOR_NS,
     OPERATOR_SA,
-    PLURAL,
-    VERSION,
     install_operator_rbac,
     model_volume,
     operator_as_service_account,

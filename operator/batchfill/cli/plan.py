@@ -46,7 +46,8 @@ def plan_document(doc: Any, rps: float | None, seed: int) -> dict[str, Any]:
         "plan": status.model_dump(mode="json", exclude_none=True),
         "seedRule": status.seedRule.model_dump(mode="json") if status.seedRule else None,
         "config": render_model_config(bm.spec, status),
-        "warnings": [{"reason": w.reason, "path": w.path, "message": w.message} for w in result.warnings],
+        # the reason's plain value: yaml.safe_dump (``-o yaml``) refuses str subclasses such as a StrEnum
+        "warnings": [{"reason": w.reason.value, "path": w.path, "message": w.message} for w in result.warnings],
     }
     if rps is not None:
         s = bm.spec.scaling

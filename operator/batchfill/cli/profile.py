@@ -36,7 +36,7 @@ from batchfill.adapters.profiler import (
     read_model_info,
 )
 from batchfill.api.errors import SpecError
-from batchfill.api.spec import SLASpec
+from batchfill.api.spec import API_VERSION, KIND, SLASpec
 from batchfill.api.validate import load_model, parse_documents
 from batchfill.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err_line, read_text
 from batchfill.policy.plan import plan_batching
@@ -207,7 +207,7 @@ def document_for(info: ModelInfo, points: list[dict[str, Any]], opts: ProfileOpt
     # 0 too: without it the plan would batch the model (max_batch_size >= 1 adds a batch dimension to every input)
     spec["batching"] = {"maxBatchSize": max(0, info.max_batch_size)}
     name = _DNS1123.sub("-", info.name.lower()).strip("-")[:63] or "model"
-    return {"apiVersion": "batchfill.io/v1alpha1", "kind": "BatchedModel", "metadata": {"name": name}, "spec": spec}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
 
 
 def check_file_matches(info: ModelInfo, opts: ProfileOptions) -> None:
@@ -310,7 +310,7 @@ def run_profile(opts: ProfileOptions, out: Console, err: Console, *, output: str
 def dump_document(doc: dict[str, Any]) -> str:
     """``doc`` as YAML; a BatchedModel without ``spec.model.repository`` starts with a comment saying so."""
     text = yaml.safe_dump(doc, sort_keys=False)
-    model = (doc.get("spec") or {}).get("model") if doc.get("kind") == "BatchedModel" else None
+    model = (doc.get("spec") or {}).get("model") if doc.get("kind") == KIND else None
     if isinstance(model, dict) and not model.get("repository"):
         return NO_REPOSITORY_COMMENT + text
     return text

@@ -32,6 +32,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from batchfill.api.spec import ScalingSpec
 from batchfill.api.status import PlanStatus
@@ -45,6 +46,18 @@ HPA_TOLERANCE = 0.1
 HPA_SCALE_DOWN_STABILIZATION_S = 300.0
 HPA_SCALE_UP_PERCENT = 100
 HPA_SCALE_UP_PODS = 4
+
+
+class HpaReason(StrEnum):
+    """Why the simulated HPA chose its count (``ScaleDecision.reason``, in the fleet's ticks and the tests)."""
+
+    SCALING_DISABLED = "ScalingDisabled"  # a Deployment at 0 replicas: the HPA does not act on it
+    FAILED_GET_METRIC = "FailedGetMetric"
+    SCALE_DOWN = "ScaleDown"
+    SCALE_DOWN_STABILIZED = "ScaleDownStabilized"
+    SCALE_UP = "ScaleUp"
+    SCALE_UP_LIMITED = "ScaleUpLimited"
+    WITHIN_TOLERANCE = "WithinTolerance"
 
 
 @dataclass
@@ -156,9 +169,9 @@ class HorizontalPodAutoscaler:
         current = obs.current
         value = self.metric(obs)
         if current == 0:
-            return ScaleDecision(current, "ScalingDisabled")  # the HPA does not act on a Deployment at 0
+            return ScaleDecision(current, HpaReason.SCALING_DISABLED)
         if value is None:
-            return ScaleDecision(current, "FailedGetMetric")
+            return ScaleDecision(current, HpaReason.FAILED_GET_METRIC)
         raw, ratio = value
         rec = current if abs(ratio - 1.0) <= self.tolerance else math.ceil(raw - 1e-9)
         rec = max(self.min_replicas, min(self.max_replicas, rec))
@@ -168,11 +181,12 @@ class HorizontalPodAutoscaler:
             self.recommendations.popleft()
         if rec < current:
             stabilized = min(current, max(r for _, r in self.recommendations))
-            return ScaleDecision(stabilized, "ScaleDown" if stabilized < current else "ScaleDownStabilized")
+            reason = HpaReason.SCALE_DOWN if stabilized < current else HpaReason.SCALE_DOWN_STABILIZED
+            return ScaleDecision(stabilized, reason)
         if rec > current:
             limit = max(current + current * HPA_SCALE_UP_PERCENT // 100, current + HPA_SCALE_UP_PODS)
-            return ScaleDecision(min(rec, limit), "ScaleUp" if rec <= limit else "ScaleUpLimited")
-        return ScaleDecision(current, "WithinTolerance")
+            return ScaleDecision(min(rec, limit), HpaReason.SCALE_UP if rec <= limit else HpaReason.SCALE_UP_LIMITED)
+        return ScaleDecision(current, HpaReason.WITHIN_TOLERANCE)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Tables, targets and the plot of a :class:`~batchfill.compare.run.Comparison` (pure: no file is written here).
 
-The targets are those of the cost benchmark (issue 5): batchfill within 1.15 x the whole-replica lower bound with
-at least 99.9 % of requests within the SLA, at least 40 % fewer GPU-hours than static peak provisioning, and
-fewer GPU-hours than the HPA on GPU utilization at equal or better SLO attainment.
+The targets are those of the cost benchmark (its results: docs/benchmarks.md): batchfill within 1.15 x the
+whole-replica lower bound with at least 99.9 % of requests within the SLA, at least 40 % fewer GPU-hours than
+static peak provisioning, and fewer GPU-hours than the HPA on GPU utilization at equal or better SLO attainment.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The batching plan: Triton's dynamic-batching settings derived from the SLA and the batch-latency profile.
 
-Notation (DESIGN §3): SLA ``S`` (p99, ms), network overhead ``N``, server budget ``T = S - N``, execution
+Notation: SLA ``S`` (p99, ms), network overhead ``N``, server budget ``T = S - N``, execution
 latency ``l(b)``. The plan
 
 1. computes the textbook *seed rule* ``D = S - l(B) - N`` for the largest profiled ``B`` that fits (the number
@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchfill.api.errors import InfeasibleSLAError, Problem, SpecError
+from batchfill.api.reasons import ConditionType, PlanWarningReason, SpecReason
 from batchfill.api.spec import BatchedModelSpec, SequenceStrategy
 from batchfill.api.status import PlanStatus, SeedRule
 from batchfill.policy.profile import LatencyProfile
@@ -50,7 +51,7 @@ CONFIRM_REQUESTS = 40_000
 #: Leading fraction of requests ignored (the replica starts empty, which would flatter the p99).
 WARMUP_FRACTION = 0.05
 #: The queue delay is never below this (µs): a 0 is omitted from config.pbtxt and its meaning depends on the
-#: Triton version (CASES C03, server#3624).
+#: Triton version (docs/field-cases.md#queue-delay-units).
 MIN_QUEUE_DELAY_US = 100
 #: Queue delays tried with user-given preferred sizes, as fractions of the largest that fits (T - l(B)).
 DELAY_FRACTIONS = (1.0, 0.5, 0.25, 0.05)
@@ -105,8 +106,8 @@ class Candidate:
 class PlanWarning:
     """Something the plan cannot fix but the user should know; becomes a status condition."""
 
-    condition: str
-    reason: str
+    condition: ConditionType
+    reason: PlanWarningReason
     path: str
     message: str
 
@@ -176,7 +177,7 @@ def significant(x: float, digits: int = 4) -> float:
 def replicas_for(
     rate_rps: float, capacity_rps: float, target_utilization: float, min_replicas: int, max_replicas: int
 ) -> int:
-    """Load-proportional replica count ``ceil(λ / (u · C))`` bounded to [min, max] (DESIGN §3).
+    """Load-proportional replica count ``ceil(λ / (u · C))`` bounded to [min, max] (README.md#autoscaling).
 
     Args:
         rate_rps: arrival rate λ, requests/s (NaN, Inf or negative: treated as unknown -> min_replicas).
@@ -287,8 +288,8 @@ def _variable_shape_warnings(spec: BatchedModelSpec) -> list[PlanWarning]:
         if -1 in sample_dims and not t.allowRaggedBatch:
             out.append(
                 PlanWarning(
-                    condition="BatchingEffective",
-                    reason="VariableShapeInput",
+                    condition=ConditionType.BATCHING_EFFECTIVE,
+                    reason=PlanWarningReason.VARIABLE_SHAPE_INPUT,
                     path=f"spec.model.inputs[{i}].dims",
                     message=(
                         f"spec.model.inputs[{i}].dims={t.dims} has a variable-size axis: Triton batches only "
@@ -364,8 +365,8 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
     if b.maxBatchSize is not None and b.maxBatchSize > profile.largest:
         warnings.append(
             PlanWarning(
-                condition="Planned",
-                reason="MaxBatchSizeCapped",
+                condition=ConditionType.PLANNED,
+                reason=PlanWarningReason.MAX_BATCH_SIZE_CAPPED,
                 path="spec.batching.maxBatchSize",
                 message=(
                     f"spec.batching.maxBatchSize={b.maxBatchSize} exceeds the largest profiled batch size "
@@ -398,7 +399,7 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
                     f"which leaves no queueing room in the server budget {budget_of}",
                 )
             ],
-            reason="InvalidBatching",
+            reason=SpecReason.INVALID_BATCHING,
         )
 
     def make(batch: int, delay_us: int) -> Candidate:
@@ -435,7 +436,7 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
                     f"exceeds the server budget {budget_of}",
                 )
             ],
-            reason="InvalidBatching",
+            reason=SpecReason.INVALID_BATCHING,
         )
 
     # Seed rule: the largest profiled size that fits, with all remaining budget as queue delay.

@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from batchfill.api.reasons import ReplanReason
 from batchfill.api.spec import ProfilePoint
 from batchfill.policy.profile import LatencyProfile
 
@@ -113,10 +114,10 @@ def largest_disagreement(declared: LatencyProfile, measured: Sequence[FittedPoin
 
 @dataclass(frozen=True)
 class ReplanDecision:
-    """Whether to plan from the measured profile now, and why (CamelCase reason, message with numbers)."""
+    """Whether to plan from the measured profile now, and why (the reason, and a message with the numbers)."""
 
     replan: bool
-    reason: str
+    reason: ReplanReason
     message: str
 
 
@@ -149,26 +150,32 @@ def decide_replan(
     """
     real = [p for p in measured if not p.extrapolated]
     if not real:
-        return ReplanDecision(False, "AwaitingMeasurement", "no batch size has enough executions yet")
+        return ReplanDecision(False, ReplanReason.AWAITING_MEASUREMENT, "no batch size has enough executions yet")
     if declared is None and not adopted and len(real) < min_sizes:
         sizes = ", ".join(str(p.batch_size) for p in real)
         return ReplanDecision(
-            False, "AwaitingMeasurement", f"measured batch size(s) {sizes}; {min_sizes} sizes are needed to plan"
+            False,
+            ReplanReason.AWAITING_MEASUREMENT,
+            f"measured batch size(s) {sizes}; {min_sizes} sizes are needed to plan",
         )
     if last_replan_s is not None and now_s - last_replan_s < interval_s:
         wait = interval_s - (now_s - last_replan_s)
         return ReplanDecision(
             False,
-            "ReplanIntervalNotElapsed",
+            ReplanReason.REPLAN_INTERVAL_NOT_ELAPSED,
             f"last replan {now_s - last_replan_s:.0f} s ago; the next may come in {wait:.0f} s",
         )
     reference = LatencyProfile.from_points(_as_profile(adopted)) if adopted else declared
     if reference is None:
         sizes = ", ".join(f"{p.batch_size}: {p.latency_ms:.3g} ms" for p in measured)
-        return ReplanDecision(True, "ProfileMeasured", f"measured profile ({sizes}) replaces the plan's profile")
+        return ReplanDecision(
+            True, ReplanReason.PROFILE_MEASURED, f"measured profile ({sizes}) replaces the plan's profile"
+        )
     worst = largest_disagreement(reference, measured)
     if worst is None:
-        return ReplanDecision(False, "ProfileNotComparable", "no measured batch size lies in the planned profile")
+        return ReplanDecision(
+            False, ReplanReason.PROFILE_NOT_COMPARABLE, "no measured batch size lies in the planned profile"
+        )
     what = "adopted measured" if adopted else "declared"
     numbers = (
         f"batch {worst.batch_size}: {what} {worst.declared_ms:.3g} ms, measured {worst.measured_ms:.3g} ms "
@@ -179,11 +186,11 @@ def decide_replan(
             sizes = ", ".join(str(p.batch_size) for p in real)
             return ReplanDecision(
                 False,
-                "AwaitingMeasurement",
+                ReplanReason.AWAITING_MEASUREMENT,
                 f"{numbers}; measured batch size(s) {sizes} only: {min_sizes} sizes are needed to re-plan",
             )
-        return ReplanDecision(True, "ProfileDisagrees", numbers)
-    return ReplanDecision(False, "ProfileAgrees", numbers)
+        return ReplanDecision(True, ReplanReason.PROFILE_DISAGREES, numbers)
+    return ReplanDecision(False, ReplanReason.PROFILE_AGREES, numbers)
 
 
 def _as_profile(points: Sequence[FittedPoint]) -> list[ProfilePoint]:

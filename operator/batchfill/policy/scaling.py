@@ -12,18 +12,18 @@ Rules, the first that applies decides:
 1. Replicas outside ``[min, max]`` are moved inside before any metric is read, as the HPA does
    (AboveMaxReplicas, BelowMinReplicas).
 2. Unknown signals or no usable capacity: hold (HoldMetricsUnknown, HoldNoCapacity, HoldScaledToZero). Missing
-   data is never zero load (CASES C12). A hold votes for the current count, so after an outage a full
-   stabilization window of real data passes before any scale-in.
+   data is never zero load (docs/field-cases.md#missing-metrics). A hold votes for the current count, so after
+   an outage a full stabilization window of real data passes before any scale-in.
 3. Zero replicas measure nothing; demand seen from outside (rate or pending requests > 0) starts one replica
    (ScaleOutFromZero), otherwise HoldIdle.
 4. Scale out only on evidence from the running replicas: *saturated* (batch fill ≥ the fill the plan's
    simulation predicts at ``u·C``, ``status.plan.batchFillAtTarget``, else ``u``; without batching,
    ``λ ≥ u·C`` per Ready replica) or *SLA at risk* (queue time beyond ``D`` ≥ T/4, or p99 ≥ 0.9·T while the
    window's queue time beyond ``D`` is ≥ T/8: Triton's p99 summary remembers ~60 s, so a p99 alone may describe
-   load that has left). The target
-   is ``max(ceil(λ / (u·C)), ready + 1)`` (DESIGN §3), at most doubling per tick (HPA's 100 % scale-up policy),
-   at most max. Queue time ≈ D with batches of one is waiting for partners, not for a GPU (CASES C04): the
-   queue thresholds sit beyond D, and ``Decision.low_concurrency`` lets the caller say so in a condition.
+   load that has left). The target is ``max(ceil(λ / (u·C)), ready + 1)`` (the load-proportional count,
+   README.md#autoscaling), at most doubling per tick (HPA's 100 % scale-up policy), at most max. Queue time ≈ D
+   with batches of one is waiting for partners, not for a GPU (docs/field-cases.md#low-concurrency): the queue
+   thresholds sit beyond D, and ``Decision.low_concurrency`` lets the caller say so in a condition.
    Replicas starting or Pending are capacity on the way: no second step for the same
    evidence (HoldCapacityOnTheWay), none at all while pods are unschedulable (HoldReplicasPending), and none
    while the evidence still covers time before the last replica became Ready (HoldSettling: the signal
@@ -32,11 +32,12 @@ Rules, the first that applies decides:
    the SLA, so the plan's capacity is conservative and another GPU would only lower the fill.
 6. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
    HoldStabilizing), never while saturated or at risk; no step bound (HPA's default 100 % scale-down policy),
-   so 3 → 1 happens at the first tick after the window (CASES C11).
+   so 3 → 1 happens at the first tick after the window (docs/field-cases.md#no-traffic).
 
 Recommendations within 10 % of the current count keep it (HPA tolerance). Sources: Kubernetes HPA algorithm
 (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#algorithm-details, stabilization window,
-scaling policies); KEDA's fallback on missing metrics (kedacore/keda#3065); DESIGN §3 and §4.
+scaling policies); KEDA's fallback on missing metrics (https://github.com/kedacore/keda/issues/3065);
+docs/design-notes.md (Autoscaling) for the reasons behind these rules.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from batchfill.api.reasons import ScalingReason
 from batchfill.api.spec import ScalingMode, ScalingSpec
 from batchfill.api.status import PlanStatus
 from batchfill.policy.signals import ModelSignals, SignalState
@@ -56,7 +58,8 @@ P99_RISK_FRACTION = 0.9
 #: Mean queue time beyond the batching delay at or above this fraction of T puts the SLA at risk. The plan keeps
 #: 2·l(B) ≤ T (Nexus), so waiting for the batch in flight averages ≤ l(B)/2 ≤ T/4: beyond it a backlog builds.
 QUEUE_RISK_FRACTION = 0.25
-#: Low concurrency (CASES C04): batches average fewer samples than this while queue time ≥ 90 % of D.
+#: Low concurrency (docs/field-cases.md#low-concurrency): batches average fewer samples than this while queue
+#: time ≥ 90 % of D.
 LOW_CONCURRENCY_BATCH = 1.5
 LOW_CONCURRENCY_DELAY_FRACTION = 0.9
 #: ... and queue time at most this multiple of D plus LOW_CONCURRENCY_SLACK_MS: beyond it requests wait for a GPU.
@@ -105,7 +108,8 @@ def history_to_store(
 ) -> tuple[Recommendation, ...] | None:
     """What ``status.scalingHistory`` should become: ``current`` (compact) when it ends in a vote or Ready count
     the stored one does not end with, else None (keep the stored one). Entries that only aged out are not worth
-    a status write (a steady model must write nothing, CASES C16); :func:`expand_history` skips them anyway."""
+    a status write (a steady model must write nothing, docs/field-cases.md#status-write-loops);
+    :func:`expand_history` skips them anyway."""
     if not current:
         return None
     if stored and (stored[-1].replicas, stored[-1].ready) == (current[-1].replicas, current[-1].ready):
@@ -196,7 +200,7 @@ class Decision:
         desired_replicas: the count to set (Off: the current count).
         current_replicas: spec.replicas the decision started from.
         recommendation: ``ceil(λ / (u·C))`` before tolerance, bounds and stabilization; None if not measurable.
-        reason: CamelCase, API-stable; goes to ``status.lastScaleReason`` and the Event.
+        reason: goes to ``status.lastScaleReason`` and the Event (API: values never change).
         message: the numbers behind the reason.
         history: votes within the stabilization (and signal) window, this tick's last; pass to the next call.
         apply: patch the scale subresource (mode Auto and a different count).
@@ -208,7 +212,7 @@ class Decision:
     desired_replicas: int
     current_replicas: int
     recommendation: int | None
-    reason: str
+    reason: ScalingReason
     message: str
     history: tuple[Recommendation, ...]
     apply: bool = False
@@ -301,7 +305,9 @@ def decide(inp: ScalingInput) -> Decision:
     in_stab = [h.replicas for h in history if h.time > now - window_s]
     pending_note = f"; {pending} Pending: {rep.pending_reason or 'unschedulable'}" if pending else ""
 
-    def out(desired: int, reason: str, message: str, vote: int | None = None, limited: bool = False) -> Decision:
+    def out(
+        desired: int, reason: ScalingReason, message: str, vote: int | None = None, limited: bool = False
+    ) -> Decision:
         vote = desired if vote is None else max(lo, min(hi, vote))
         return Decision(
             desired_replicas=desired,
@@ -322,33 +328,44 @@ def decide(inp: ScalingInput) -> Decision:
 
     def auto() -> Decision:
         if current > hi:
-            return out(hi, "AboveMaxReplicas", f"{current} replicas above maxReplicas {hi}")
+            return out(hi, ScalingReason.ABOVE_MAX_REPLICAS, f"{current} replicas above maxReplicas {hi}")
         if current < lo:
-            return out(lo, "BelowMinReplicas", f"{current} replicas below minReplicas {lo}")
+            return out(lo, ScalingReason.BELOW_MIN_REPLICAS, f"{current} replicas below minReplicas {lo}")
         if not metrics_ok:
             why = f"signals {sig.state} ({sig.reason or 'no rate'}): {sig.message}".rstrip(": ")
             if current == 0:
-                return out(0, "HoldScaledToZero", f"0 replicas, nothing to measure; {why}")
+                return out(0, ScalingReason.HOLD_SCALED_TO_ZERO, f"0 replicas, nothing to measure; {why}")
             return out(
-                current, "HoldMetricsUnknown", f"holding {current} replicas, never scaling on missing data; {why}"
+                current,
+                ScalingReason.HOLD_METRICS_UNKNOWN,
+                f"holding {current} replicas, never scaling on missing data; {why}",
             )
         if rec is None:
-            return out(current, "HoldNoCapacity", f"holding {current}: the plan has no capacity at SLA; {facts}")
+            return out(
+                current, ScalingReason.HOLD_NO_CAPACITY, f"holding {current}: the plan has no capacity at SLA; {facts}"
+            )
         if current == 0:
             if hi > 0 and ((load or 0) > 0 or (sig.pending_requests or 0) > 0):
-                return out(1, "ScaleOutFromZero", f"demand at 0 replicas, starting 1; {facts}", vote=max(rec, 1))
-            return out(0, "HoldIdle", f"idle at 0 replicas; {facts}")
+                return out(
+                    1, ScalingReason.SCALE_OUT_FROM_ZERO, f"demand at 0 replicas, starting 1; {facts}", vote=max(rec, 1)
+                )
+            return out(0, ScalingReason.HOLD_IDLE, f"idle at 0 replicas; {facts}")
 
         wants_out = saturated or sla_at_risk
         if wants_out:
             target = max(rec, min(ready, current) + 1)
             why = "saturated" if saturated else "SLA at risk"
             if pending:
-                return out(current, "HoldReplicasPending", f"{why} but replicas cannot be scheduled; {facts}", target)
+                return out(
+                    current,
+                    ScalingReason.HOLD_REPLICAS_PENDING,
+                    f"{why} but replicas cannot be scheduled; {facts}",
+                    target,
+                )
             if target <= current:
                 return out(
                     current,
-                    "HoldCapacityOnTheWay",
+                    ScalingReason.HOLD_CAPACITY_ON_THE_WAY,
                     f"{why}, {current - ready} not Ready yet ({rep.starting} starting); {facts}",
                     target,
                 )
@@ -356,29 +373,35 @@ def decide(inp: ScalingInput) -> Decision:
             settle = sig.window_s if saturated or queue_risk else settle_s
             if rec <= current and any(h.ready < ready for h in history if h.time >= now - settle):
                 msg = f"{why}, but a replica became Ready within the last {settle:.0f} s of signals; {facts}"
-                return out(current, "HoldSettling", msg, target)
+                return out(current, ScalingReason.HOLD_SETTLING, msg, target)
             if current >= hi:
-                return out(current, "AtMaxReplicas", f"{why} at maxReplicas {hi}; {facts}", target, limited=True)
+                return out(
+                    current, ScalingReason.AT_MAX_REPLICAS, f"{why} at maxReplicas {hi}; {facts}", target, limited=True
+                )
             desired = min(target, hi, 2 * current)
-            reason = "ScaleOutSaturated" if saturated else "ScaleOutSLAAtRisk"
+            reason = ScalingReason.SCALE_OUT_SATURATED if saturated else ScalingReason.SCALE_OUT_SLA_AT_RISK
             return out(desired, reason, f"{why}: {current} -> {desired}; {facts}", target, limited=target > hi)
         if rec > current:
             msg = f"load would need {rec} but the running replicas are not saturated and keep the SLA; {facts}"
-            return out(current, "HoldNotSaturated", msg, rec)
+            return out(current, ScalingReason.HOLD_NOT_SATURATED, msg, rec)
 
         vote = max(lo, min(hi, rec))
         stabilized = max([vote, *in_stab])
         idle = sig.state == SignalState.IDLE
         if stabilized < current:
-            reason = "ScaleInIdle" if idle else "ScaleInLoadFits"
+            reason = ScalingReason.SCALE_IN_IDLE if idle else ScalingReason.SCALE_IN_LOAD_FITS
             return out(stabilized, reason, f"load fits: {current} -> {stabilized}; {facts}", vote)
         if vote < current:
             msg = f"load fits on {vote}, but the last {window_s:.0f} s recommended up to {stabilized}; {facts}"
-            return out(current, "HoldStabilizing", msg, vote)
-        return out(current, "HoldIdle" if idle else "HoldWithinTolerance", f"{current} replicas fit the load; {facts}")
+            return out(current, ScalingReason.HOLD_STABILIZING, msg, vote)
+        return out(
+            current,
+            ScalingReason.HOLD_IDLE if idle else ScalingReason.HOLD_WITHIN_TOLERANCE,
+            f"{current} replicas fit the load; {facts}",
+        )
 
     decision = auto()
     if spec.mode == ScalingMode.OFF:
         msg = f"scaling.mode Off: keeping {current} (would be {decision.desired_replicas}, {decision.reason})"
-        return replace(decision, desired_replicas=current, reason="ScalingOff", message=msg)
+        return replace(decision, desired_replicas=current, reason=ScalingReason.SCALING_OFF, message=msg)
     return decision

@@ -1,7 +1,8 @@
 """Measured load of one BatchedModel over one window: the contract between adapters.metrics and policy.scaling.
 
-Pure data. The adapter fills it from Prometheus (DESIGN.md section 4); the scaling policy reads it. Every float is
-finite: the adapter turns NaN, +-Inf, empty results and query failures into a state, never into a number.
+Pure data. The adapter fills it from Prometheus (the queries are in adapters/metrics.py); the scaling policy
+reads it. Every float is finite: the adapter turns NaN, +-Inf, empty results and query failures into a state,
+never into a number.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ class SignalState(StrEnum):
     * ``Ok``: series present for the BatchedModel's Ready pods and traffic flowed.
     * ``Idle``: series present, zero successful requests in the window (no traffic is a fact, not a gap).
     * ``Unknown``: no usable data (Prometheus down or timing out, no series for the Ready pods, NaN/Inf).
-      The scaling policy holds on Unknown; it never treats missing data as zero load (CASES C12).
+      The scaling policy holds on Unknown; it never treats missing data as zero load
+      (docs/field-cases.md#missing-metrics).
     """
 
     OK = "Ok"
@@ -29,13 +31,14 @@ class SignalState(StrEnum):
 class ModelSignals:
     """Signals of one BatchedModel aggregated over its Ready pods.
 
-    Rates are sums over pods of per-series rates (counter resets handled per series before summing); ratios are
-    ratios of sums (CASES C09, C10). ``None`` means "not measured in this window" (for example no p99 summary
-    because nothing was served), never zero.
+    Rates are sums over pods of per-series rates (counter resets handled per series before summing,
+    docs/field-cases.md#counter-resets); ratios are ratios of sums (docs/field-cases.md#average-batch-size).
+    ``None`` means "not measured in this window" (for example no p99 summary because nothing was served), never
+    zero.
 
     Attributes:
         state: see :class:`SignalState`.
-        reason: CamelCase reason when ``state`` is Unknown (``PrometheusUnavailable``, ``NoSeries``, ...), else "".
+        reason: a :class:`~batchfill.api.reasons.SignalsReason` when ``state`` is Unknown, else "".
         message: human explanation with numbers, for a condition message.
         window_s: the rate window in seconds.
         pods: Ready pods of the BatchedModel with series in the window.
@@ -78,5 +81,5 @@ class ModelSignals:
 
     @classmethod
     def unknown(cls, reason: str, message: str, window_s: float = 60.0) -> ModelSignals:
-        """No usable data; ``reason`` is CamelCase (it becomes a condition reason)."""
+        """No usable data; ``reason`` is a SignalsReason (it becomes the MetricsAvailable condition's reason)."""
         return cls(state=SignalState.UNKNOWN, reason=reason, message=message, window_s=window_s)

@@ -106,8 +106,9 @@ def build_configmap(owner: Owner, config_pbtxt: str, config_hash: str) -> dict[s
 def _gpu_resources(spec: BatchedModelSpec) -> dict[str, dict[str, Any]]:
     """Container resources: the user's, with nvidia.com/gpu set in limits AND requests to gpusPerReplica.
 
-    Extended resources cannot be overcommitted: requests must equal limits (CASES C20). validate.py has
-    already rejected a user value that disagrees with gpusPerReplica.
+    Extended resources cannot be overcommitted: requests must equal limits
+    (docs/field-cases.md#gpu-requests-limits). validate.py has already rejected a user value that disagrees with
+    gpusPerReplica.
     """
     requests = {k: v for k, v in spec.triton.resources.requests.items() if k != GPU_RESOURCE}
     limits = {k: v for k, v in spec.triton.resources.limits.items() if k != GPU_RESOURCE}
@@ -127,7 +128,8 @@ def triton_args(spec: BatchedModelSpec) -> list[str]:
     """tritonserver's command line.
 
     ``summary_latencies`` gives the server-side p99 the autoscaler reads; auto-complete is off when the spec
-    declares every input and output, so Triton cannot silently change the derived config (CASES C01).
+    declares every input and output, so Triton cannot silently change the derived config
+    (docs/field-cases.md#preferred-above-max).
     """
     args = [
         "tritonserver",

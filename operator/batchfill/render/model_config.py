@@ -10,14 +10,17 @@ What is written (Triton docs: ``docs/user_guide/model_configuration.md``, schema
 
 - ``name``, ``backend`` or ``platform``, and ``max_batch_size`` ALWAYS, including ``max_batch_size: 0``.
   proto3 drops zero scalars when printing, and Triton checks preferred sizes against whatever
-  ``max_batch_size`` is literally in the file (a missing value counts as 0; field case C01).
+  ``max_batch_size`` is literally in the file (a missing value counts as 0;
+  docs/field-cases.md#preferred-above-max).
 - ``input``/``output`` with ``dims`` WITHOUT the batch axis when ``max_batch_size > 0`` (Triton prepends it),
   and the full shape when it is 0. Exactly one leading axis is removed, and only from tensors the spec marks
-  ``includesBatchDim``; a leading ``-1`` alone is never taken for a batch axis (C02).
-- ``batch_input`` entries and ``allow_ragged_batch`` for ragged batching (Triton ``ragged_batching.md``; C07).
-- One scheduler, never both (they are the ``oneof scheduling_choice``; C06): ``dynamic_batching`` for
-  stateless models with batching on, ``sequence_batching`` with an explicit ``oldest`` or ``direct``
-  strategy for stateful ones, nothing for stateless models with batching off.
+  ``includesBatchDim``; a leading ``-1`` alone is never taken for a batch axis
+  (docs/field-cases.md#batch-axis-in-dims).
+- ``batch_input`` entries and ``allow_ragged_batch`` for ragged batching (Triton ``ragged_batching.md``;
+  docs/field-cases.md#variable-length-inputs).
+- One scheduler, never both (they are the ``oneof scheduling_choice``; docs/field-cases.md#stateful-models):
+  ``dynamic_batching`` for stateless models with batching on, ``sequence_batching`` with an explicit
+  ``oldest`` or ``direct`` strategy for stateful ones, nothing for stateless models with batching off.
 - One ``instance_group``: ``KIND_GPU`` with ``count`` instances per GPU and no ``gpus`` list (Triton then
   places ``count`` instances on every GPU the container sees), or ``KIND_CPU``.
 
@@ -54,7 +57,8 @@ InstanceKind = Literal["KIND_GPU", "KIND_CPU"]
 HASH_LENGTH = 16
 
 #: Minimum slot utilization written for the Direct sequence strategy when the plan gives none. Triton
-#: ignores Direct's max_queue_delay_microseconds while minimum_slot_utilization is 0 (C06).
+#: ignores Direct's max_queue_delay_microseconds while minimum_slot_utilization is 0
+#: (docs/field-cases.md#stateful-models).
 DEFAULT_MINIMUM_SLOT_UTILIZATION = 1.0
 
 # Top-level fields in the order they are printed: identity, shapes, scheduling, placement. Every field
@@ -268,7 +272,8 @@ def _check_plan(spec: BatchedModelSpec, plan: PlanStatus) -> None:
             raise ValueError(f"{where}={size} is listed twice")
         seen.add(size)
     if mbs > 0 and plan.maxQueueDelayMicroseconds < 1:
-        # Triton's default of 0 depends on the release (C03); the plan always states a delay.
+        # Triton's default of 0 depends on the release (docs/field-cases.md#queue-delay-units); the plan always
+        # states a delay.
         raise ValueError(
             f"plan.maxQueueDelayMicroseconds={plan.maxQueueDelayMicroseconds} must be >= 1 µs when "
             f"batching is on (plan.maxBatchSize={mbs})"
@@ -331,8 +336,8 @@ def _add_sequence_batching(cfg: Any, spec: BatchedModelSpec, plan: PlanStatus) -
         if mbs > 0:
             direct.max_queue_delay_microseconds = plan.maxQueueDelayMicroseconds
         direct.minimum_slot_utilization = msu
-        # Direct reserves a batch slot per sequence: preferred sizes do not exist there (C06), so a plan's
-        # preferred sizes are not written.
+        # Direct reserves a batch slot per sequence: preferred sizes do not exist there
+        # (docs/field-cases.md#stateful-models), so a plan's preferred sizes are not written.
         direct.SetInParent()
     else:
         oldest = seq.oldest

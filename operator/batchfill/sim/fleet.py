@@ -458,7 +458,7 @@ def lower_bound_gpu_seconds(
     duration_s: float,
     whole_replicas: bool = True,
 ) -> float:
-    """GPU time no autoscaler can beat on the same hardware: each minute ``λ_m / C`` replicas (DESIGN §3),
+    """GPU time no autoscaler can beat on the same hardware: each minute ``λ_m / C`` replicas,
     rounded up to whole replicas when ``whole_replicas``, with no start-up delay and no headroom.
 
     Args:

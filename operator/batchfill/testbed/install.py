@@ -19,9 +19,11 @@ from typing import Any
 
 import yaml
 
+from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.testbed import devcluster
 
-GROUP, VERSION, PLURAL = "batchfill.io", "v1alpha1", "batchedmodels"
+__all__ = ["GROUP", "PLURAL", "VERSION", "install_operator_rbac", "model_volume", "operator_as_service_account"]
+
 OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
 #: deploy/base minus the operator's own Deployment (the operator runs here as a subprocess, as its ServiceAccount).
 INSTALL_KINDS = frozenset(

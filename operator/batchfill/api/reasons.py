@@ -1,0 +1,148 @@
+"""The words batchfill writes for people and tools to match: condition types, and the reasons of conditions,
+Events, scaling decisions and re-plans.
+
+They are API: users alert on them, dashboards and ``kubectl wait --for=condition=...`` match them, so a value
+never changes once released; ``tests/unit/test_reasons.py`` pins every one. Each is defined here once, grouped by
+the code that produces it; a reason that means the same fact in two places (``AtMaxReplicas``) is one value.
+Reasons are CamelCase, as metav1.Condition requires (the pattern of ``Condition.reason`` in api/status.py, from
+https://github.com/kubernetes/apimachinery/blob/master/pkg/apis/meta/v1/types.go) and as Kubernetes Events use
+them.
+
+Values Kubernetes itself defines are not here: condition statuses (:class:`batchfill.api.status.ConditionStatus`),
+Event types (``Normal``, ``Warning``), the conditions of pods and Deployments.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from batchfill.api.status import PlannedProfileSource
+
+
+class ConditionType(StrEnum):
+    """``status.conditions[].type`` of a BatchedModel."""
+
+    READY = "Ready"
+    CONFIG_VALID = "ConfigValid"
+    PLANNED = "Planned"
+    SLA_FEASIBLE = "SLAFeasible"
+    BATCHING_EFFECTIVE = "BatchingEffective"
+    METRICS_AVAILABLE = "MetricsAvailable"
+    CAPACITY_LIMITED = "CapacityLimited"
+
+
+class SpecReason(StrEnum):
+    """Why a spec cannot be served (``SpecError.reason``): the reason of ConfigValid, SLAFeasible, Planned and
+    Ready while it is refused, and of the Warning Event that says so."""
+
+    INVALID_SPEC = "InvalidSpec"
+    INVALID_BATCHING = "InvalidBatching"
+    SLA_INFEASIBLE = "SLAInfeasible"
+    #: the API server refused a child the spec renders (an admission webhook or policy, a quota)
+    APPLY_REJECTED = "ApplyRejected"
+
+
+class ScalingReason(StrEnum):
+    """Why the replica decision chose its count (``policy.scaling.Decision.reason``): ``status.lastScaleReason``,
+    the reason of the scaling Event and the ``reason`` label of ``batchfill_scaling_decisions``.
+
+    The rules behind each are in the docstring of :mod:`batchfill.policy.scaling`.
+    """
+
+    ABOVE_MAX_REPLICAS = "AboveMaxReplicas"
+    BELOW_MIN_REPLICAS = "BelowMinReplicas"
+    HOLD_SCALED_TO_ZERO = "HoldScaledToZero"
+    HOLD_METRICS_UNKNOWN = "HoldMetricsUnknown"
+    HOLD_NO_CAPACITY = "HoldNoCapacity"
+    SCALE_OUT_FROM_ZERO = "ScaleOutFromZero"
+    HOLD_IDLE = "HoldIdle"
+    HOLD_REPLICAS_PENDING = "HoldReplicasPending"
+    HOLD_CAPACITY_ON_THE_WAY = "HoldCapacityOnTheWay"
+    HOLD_SETTLING = "HoldSettling"
+    AT_MAX_REPLICAS = "AtMaxReplicas"
+    SCALE_OUT_SATURATED = "ScaleOutSaturated"
+    SCALE_OUT_SLA_AT_RISK = "ScaleOutSLAAtRisk"
+    HOLD_NOT_SATURATED = "HoldNotSaturated"
+    SCALE_IN_IDLE = "ScaleInIdle"
+    SCALE_IN_LOAD_FITS = "ScaleInLoadFits"
+    HOLD_STABILIZING = "HoldStabilizing"
+    HOLD_WITHIN_TOLERANCE = "HoldWithinTolerance"
+    SCALING_OFF = "ScalingOff"
+
+
+class ReplanReason(StrEnum):
+    """Whether the plan adopts the measured profile, and why (``policy.profile_fit.decide_replan``):
+    ``status.plannedProfile.reason`` and the reason of the profiling Event."""
+
+    AWAITING_MEASUREMENT = "AwaitingMeasurement"
+    REPLAN_INTERVAL_NOT_ELAPSED = "ReplanIntervalNotElapsed"
+    PROFILE_MEASURED = "ProfileMeasured"
+    PROFILE_NOT_COMPARABLE = "ProfileNotComparable"
+    PROFILE_DISAGREES = "ProfileDisagrees"
+    PROFILE_AGREES = "ProfileAgrees"
+    #: the rule would adopt the measurement, but no plan meets the SLA with it: the plan is kept (a Warning)
+    MEASURED_PROFILE_INFEASIBLE = "MeasuredProfileInfeasible"
+
+
+class SignalsReason(StrEnum):
+    """Why the load signals are unknown (``policy.signals.ModelSignals.reason``): the reason of
+    MetricsAvailable=False."""
+
+    PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+    PROMETHEUS_TIMEOUT = "PrometheusTimeout"
+    PROMETHEUS_ERROR = "PrometheusError"
+    NO_SERIES = "NoSeries"
+    NO_READY_PODS = "NoReadyPods"
+    INVALID_VALUE = "InvalidValue"
+    STALLED = "Stalled"
+
+
+class PlanWarningReason(StrEnum):
+    """Something the plan cannot fix (``policy.plan.PlanWarning.reason``): shown by ``batchfill plan``, and the
+    reason of the condition the warning names."""
+
+    VARIABLE_SHAPE_INPUT = "VariableShapeInput"
+    MAX_BATCH_SIZE_CAPPED = "MaxBatchSizeCapped"
+
+
+class ConditionReason(StrEnum):
+    """The reasons of BatchedModel conditions that are not one of the groups above, by condition type.
+
+    A refused spec sets a :class:`SpecReason` everywhere; MetricsAvailable=False carries a :class:`SignalsReason`
+    (``NoData`` when the signals name none); BatchingEffective=Unknown a :class:`PlanWarningReason`.
+    """
+
+    # ConfigValid=True
+    VALID = "Valid"
+    # SLAFeasible: True, or Unknown while there is no profile yet
+    FEASIBLE = "Feasible"
+    PROFILE_NOT_MEASURED = "ProfileNotMeasured"
+    # Planned=True: from spec.profile, from a measured profile, or without a profile (capacity unknown)
+    PLANNED = "Planned"
+    PLANNED_FROM_MEASURED_PROFILE = "PlannedFromMeasuredProfile"
+    FIRST_PLAN = PlannedProfileSource.FIRST_PLAN
+    # Ready
+    REPLICAS_READY = "ReplicasReady"
+    NO_READY_REPLICAS = "NoReadyReplicas"
+    # MetricsAvailable: True with traffic or without, False when the signals name no reason
+    IDLE = "Idle"
+    SIGNALS_OK = "SignalsOk"
+    NO_DATA = "NoData"
+    # CapacityLimited: True while replicas cannot be scheduled or maxReplicas is reached, else False
+    REPLICAS_PENDING = "ReplicasPending"
+    AT_MAX_REPLICAS = ScalingReason.AT_MAX_REPLICAS
+    WITHIN_CAPACITY = "WithinCapacity"
+    # BatchingEffective=False: clients send one request at a time, so there is nothing to batch
+    LOW_CONCURRENCY = "LowConcurrency"
+
+
+class EventReason(StrEnum):
+    """The reasons of Events that are not a spec, scaling or re-plan reason (those Events carry that reason)."""
+
+    DEPLOYED = "Deployed"
+    CONFIG_CHANGED = "ConfigChanged"
+    #: scaling.mode Auto restored the replica count someone else set on the Deployment
+    MANUAL_SCALE_REVERTED = "ManualScaleReverted"
+    #: a scale status recorded but the Deployment never got (the operator stopped in between) was completed
+    SCALE_RESUMED = "ScaleResumed"
+    STATISTICS_UNAVAILABLE = "StatisticsUnavailable"
