@@ -44,7 +44,7 @@ from batchfill.api.reasons import (
     ScalingReason,
     SignalsReason,
 )
-from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, ProfilingSpec
 from batchfill.api.status import PlannedProfileSource
 from batchfill.cli.demo import PodTritons
 from batchfill.render.kube import MODEL_LABEL
@@ -397,9 +397,17 @@ def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
     points = status["plannedProfile"]["points"]
     measured = [p for p in points if p["executions"] > 0]
     assert measured, points
+    # No execution is shorter than the sleep (exact); above it, the backend's cost, whatever it is on this machine,
+    # must leave the nominal latency agreeing with the measurement by the operator's own rule
+    # (spec.profiling.tolerancePercent, 15 % by default): the premise of this module's declared profiles too.
+    # Queue time counted in, or a batch counted twice, is far more.
+    tolerance = ProfilingSpec.model_validate(body["spec"]["profiling"]).tolerancePercent / 100
+    print("measured (batch size, ms, excess over nominal):",
+          [(p["batchSize"], p["latencyMs"], round(p["latencyMs"] - ALPHA_MS - BETA_MS * p["batchSize"], 2))
+           for p in measured])  # fmt: skip
     for p in measured:
         nominal = ALPHA_MS + BETA_MS * p["batchSize"]
-        assert nominal <= p["latencyMs"] <= nominal + 5.0, f"batch {p['batchSize']}: {p} vs nominal {nominal} ms"
+        assert nominal <= p["latencyMs"] <= nominal * (1 + tolerance), f"batch {p['batchSize']}: {p} vs {nominal} ms"
     assert points[-1]["batchSize"] == 16, "the fitted line extends the profile to spec.batching.maxBatchSize"
     assert status["plannedProfile"]["reason"] == ReplanReason.PROFILE_MEASURED
     assert status["measuredProfile"]["pods"] == 1

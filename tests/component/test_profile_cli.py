@@ -2,9 +2,13 @@
 `batchfill plan`, and the errors a user meets (server down, model not ready or failed to load, inputs it cannot
 synthesize), each one line.
 
-The sleep model executes a batch of b samples in ``alpha + beta·b`` ms plus the Python backend's input/output
-handling (test_sleep_model_profile measures that overhead at well under 3 ms on this machine), so every
-measured profile value must lie in ``[alpha + beta·b, alpha + beta·b + OVERHEAD_MS]``.
+The sleep model executes a batch of b samples in ``alpha + beta·b`` ms plus the Python backend's cost around an
+execution, which depends on the machine and its load (tests/component/test_sleep_model_profile.py measures it
+against a calibration copy: 0.3 ms on one 2-core machine, 2.3 ms on another). So every measured profile value
+must lie in ``[alpha + beta·b, alpha + beta·b + 2·c_cal]``, c_cal being the largest that cost reaches in the
+profile of a calibration copy (the same model sleeping a fixed time, beta 0) measured in the same way right after:
+the lower end is exact (the model never returns before its sleep is over), the upper allows the cost to vary by
+itself between batch sizes, as test_sleep_model_profile does.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -25,9 +30,9 @@ pytestmark = pytest.mark.component
 ALPHA_MS = 8.0
 BETA_MS = 1.5
 MAX_BATCH = 8
-#: Input/output handling of the Python backend and scheduling noise on a shared 2-core machine, ms.
-OVERHEAD_MS = 4.0
 NAME = "profiled_sleep"
+PROFILE_ARGS = ["--repeats", "12", "--warmup", "3"]
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +46,15 @@ def url(triton: LocalTriton) -> str:
 def measured(url: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("profile") / "bm.yaml"
     argv = [
-        "profile", "--url", url, "--model", NAME, "--repeats", "12", "--warmup", "3",
+        "profile", "--url", url, "--model", NAME, *PROFILE_ARGS,
         "--latency-p99-ms", "80", "--network-overhead-ms", "10", "-o", "yaml",
     ]  # fmt: skip
+    text = _profile_yaml(argv)
+    out.write_text(text, encoding="utf-8")
+    return yaml.safe_load(text), out
+
+
+def _profile_yaml(argv: list[str]) -> str:
     import contextlib
     import io
 
@@ -51,17 +62,45 @@ def measured(url: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[s
     with contextlib.redirect_stdout(buf):
         code = main(argv)
     assert code == 0
-    out.write_text(buf.getvalue(), encoding="utf-8")
-    return yaml.safe_load(buf.getvalue()), out
+    return buf.getvalue()
 
 
-def test_profile_is_alpha_plus_beta_b_for_every_power_of_two(measured: tuple[dict[str, Any], Path]) -> None:
+@pytest.fixture(scope="module")
+def calibration(triton: LocalTriton, url: str) -> tuple[str, float]:
+    """A copy of the model that sleeps the median nominal at every batch size (beta 0): its name and alpha."""
+    name = "profiled_sleep_cal"
+    alpha = float(np.median([ALPHA_MS + BETA_MS * b for b in (1, 2, 4, 8)]))
+    load_model(triton, name, with_parameters(sleep_config_pb(name, MAX_BATCH), alpha_ms=alpha, beta_ms=0.0),
+               "sleep_model")  # fmt: skip
+    return name, alpha
+
+
+def _profile_points(url: str, model: str) -> dict[int, float]:
+    doc = yaml.safe_load(_profile_yaml(["profile", "--url", url, "--model", model, *PROFILE_ARGS, "-o", "yaml"]))
+    return {p["batchSize"]: p["latencyMs"] for p in doc["profile"]}
+
+
+def test_profile_is_alpha_plus_beta_b_for_every_power_of_two(
+    url: str, measured: tuple[dict[str, Any], Path], calibration: tuple[str, float]
+) -> None:
+    """A p90 of 12 executions moves by milliseconds when a neighbour takes a core for a moment, so the model and
+    its calibration copy are profiled again, up to ATTEMPTS times, while the upper bound is missed: contention
+    only adds latency, a profile that counts more than executions misses on every attempt."""
     doc, _ = measured
     points = {p["batchSize"]: p["latencyMs"] for p in doc["spec"]["profile"]}
     assert sorted(points) == [1, 2, 4, 8], points
-    for b, value in points.items():
-        nominal = ALPHA_MS + BETA_MS * b
-        assert nominal <= value <= nominal + OVERHEAD_MS, f"batch {b}: {value} ms vs nominal {nominal} ms"
+    cal_name, cal_alpha = calibration
+    for attempt in range(1, ATTEMPTS + 1):
+        if attempt > 1:
+            points = _profile_points(url, NAME)
+        cal_ms = max(v - cal_alpha for v in _profile_points(url, cal_name).values())
+        excess = {b: round(v - ALPHA_MS - BETA_MS * b, 3) for b, v in points.items()}
+        print(f"attempt {attempt}: excess {excess} ms, calibration's largest {cal_ms:.3f} ms")
+        assert all(x >= 0 for x in excess.values()), f"executions shorter than alpha + beta*b: {excess}"
+        over = {b: x for b, x in excess.items() if x > 2 * cal_ms}
+        if not over:
+            break
+    assert not over, f"more than twice the calibration's {cal_ms:.3f} ms above alpha + beta*b: {over}"
 
 
 def test_document_describes_the_model_as_the_server_does(measured: tuple[dict[str, Any], Path]) -> None:

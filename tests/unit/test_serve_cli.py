@@ -105,3 +105,29 @@ def test_ctrl_c_cleans_up_the_same_and_exits_130(fake_triton: type[FakeTriton]) 
     (triton,) = fake_triton.instances
     assert triton.stopped
     assert not triton.model_repository.parent.exists()
+
+
+def test_served_slowdown_compares_the_load_phase_with_the_measured_profile() -> None:
+    """Execution time while serving over the measured profile's for the same batches, sizes between measured ones
+    interpolated: 10 batches of 1 at 12 ms and 5 of 3 at 33 ms against l(1) = 10, l(4) = 40 (l(3) = 30 ms)."""
+    from batchfill.adapters.triton_stats import BatchStat, Duration, ModelStats
+    from batchfill.api.status import PlanStatus
+
+    def batch(b: int, n: int, ms: float) -> BatchStat:
+        return BatchStat(b, compute_infer=Duration(n, int(n * ms * 1e6)))
+
+    stats = ModelStats("m", "1", batches={1: batch(1, 10, 12.0), 3: batch(3, 5, 33.0)})
+    plan = PlanStatus(
+        maxBatchSize=4,
+        preferredBatchSizes=[4],
+        maxQueueDelayMicroseconds=100,
+        instanceCount=1,
+        serverBudgetMs=100,
+        capacityPerReplicaRps=1,
+        predictedP99Ms=1,
+        minClientTimeoutMs=1,
+        rule="t",
+    )
+    report = serve_module.ServeReport(plan, {1: 10.0, 4: 40.0}, 1.0, 1.0, 1, 0, 1.0, 1.0, 1.0, 1.0, False, stats)
+    assert report.served_slowdown == pytest.approx((10 * 12 + 5 * 33) / (10 * 10 + 5 * 30))
+    assert serve_module.ServeReport(plan, {}, 1.0, 1.0, 1, 0, 1.0, 1.0, 1.0, 1.0, False, stats).served_slowdown is None

@@ -30,6 +30,7 @@ from rich.table import Table
 from tritonclient.utils import np_to_triton_dtype
 
 from batchfill.adapters.triton_stats import (
+    ModelStats,
     delta,
     measure_profile,
     read_model_stats,
@@ -41,6 +42,7 @@ from batchfill.api.spec import BatchedModel, BatchedModelSpec, DataType, Profile
 from batchfill.api.status import PlanStatus
 from batchfill.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err_line, one_model
 from batchfill.policy.plan import plan_batching
+from batchfill.policy.profile import LatencyProfile
 from batchfill.render import render_model_config
 from batchfill.testbed.loadgen import run_poisson
 from batchfill.testbed.model_repo import EXAMPLE_MODELS, write_model
@@ -65,6 +67,21 @@ class ServeReport:
     avg_batch_size: float | None
     avg_queue_ms: float | None
     generator_saturated: bool
+    served_stats: ModelStats  # Triton's statistics of the load phase (without the measurement and warm-up)
+
+    @property
+    def served_slowdown(self) -> float | None:
+        """Execution time while serving over what the measured profile gives for the same batches (1.0: as
+        measured). None without a measured profile or executions. Batch sizes between measured ones are
+        interpolated, as the planner does."""
+        if not self.measured_profile or not self.served_stats.batches:
+            return None
+        profile = LatencyProfile.from_points(
+            [ProfilePoint(batchSize=b, latencyMs=v) for b, v in sorted(self.measured_profile.items())]
+        )
+        stats = self.served_stats.batches.values()
+        expected_ns = sum(s.executions * profile.latency_ms(s.batch_size) * 1e6 for s in stats)
+        return sum(s.total_ns for s in stats) / expected_ns if expected_ns > 0 else None
 
     @property
     def sla_kept(self) -> bool:
@@ -215,6 +232,7 @@ def serve(
         avg_batch_size=d.avg_batch_size,
         avg_queue_ms=queue_ms,
         generator_saturated=result.generator_saturated,
+        served_stats=d,
     )
     _report_table(console, report, load_fraction)
     return report
@@ -263,6 +281,12 @@ def _report_table(console: Console, r: ServeReport, load_fraction: float) -> Non
     console.print(t)
     if r.generator_saturated:
         console.print("note: the load generator fell behind its schedule; the offered load was lower than planned")
+    slowdown = r.served_slowdown
+    if slowdown is not None and slowdown > 1 / load_fraction:
+        console.print(
+            f"note: executions took {slowdown - 1:.0%} longer while serving than when measured (other work on this "
+            f"machine?): the offered {load_fraction:.0%} of the capacity was more than the capacity at that speed"
+        )
     verdict = "[green]SLA kept[/green]" if r.sla_kept else "[red]SLA missed[/red]"
     console.print(f"{verdict}: server p99 {_fmt(r.server_p99_ms)} ms against T = {p.serverBudgetMs:g} ms")
 
