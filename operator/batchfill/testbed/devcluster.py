@@ -322,7 +322,12 @@ def _gone(p: _Proc) -> bool:
     return not _alive(p)
 
 
-def _stop(procs: Mapping[str, _Proc], grace_s: float = 15.0) -> list[str]:
+#: Seconds `_stop` waits after SIGTERM before SIGKILL to the process group, and after SIGKILL.
+STOP_GRACE_S = 15.0
+KILL_WAIT_S = 5.0
+
+
+def _stop(procs: Mapping[str, _Proc], grace_s: float = STOP_GRACE_S) -> list[str]:
     """SIGTERM each live process, wait, then SIGKILL its process group. Returns the names that survived."""
     live = {n: p for n, p in procs.items() if _alive(p)}
     for p in live.values():
@@ -338,7 +343,7 @@ def _stop(procs: Mapping[str, _Proc], grace_s: float = 15.0) -> list[str]:
             if fields is not None and int(fields[2]) == p.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < deadline and not all(_gone(p) for p in live.values()):
         time.sleep(0.1)
     return [n for n, p in live.items() if not _gone(p)]
@@ -346,6 +351,8 @@ def _stop(procs: Mapping[str, _Proc], grace_s: float = 15.0) -> list[str]:
 
 # Clients first, so the API server's graceful shutdown has no watches to drain; etcd last.
 _STOP_STAGES = (("kwok", "kube-controller-manager", "kube-scheduler"), ("kube-apiserver",), ("etcd",))
+#: The longest `cluster_down` (or a failed `cluster_up`) waits for the components to stop, in seconds.
+STOP_TIMEOUT_S = len(_STOP_STAGES) * (STOP_GRACE_S + KILL_WAIT_S)
 
 
 def _stop_cluster(procs: Mapping[str, _Proc]) -> list[str]:

@@ -36,6 +36,10 @@ from types import TracebackType
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
+#: Seconds :func:`stop_process_group` waits for a server to exit after SIGKILL, and :meth:`LocalTriton.stop` for
+#: its Python-backend stubs to follow it; with ``stop_grace_s`` they bound how long a stop takes.
+KILL_WAIT_S = 10.0
+STUB_REAP_S = 5.0
 # A Triton log line of severity E: "E1129 12:53:21.892942 15207 file.cc:1460] ..."
 _ERROR_LINE = re.compile(r"^E\d{4} ")
 
@@ -196,7 +200,7 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float, reap_s: fl
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            proc.wait(timeout=KILL_WAIT_S)
     deadline = time.monotonic() + reap_s
     while process_group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -451,7 +455,7 @@ class LocalTriton:
         """SIGTERM, wait ``stop_grace_s``, then SIGKILL the server's process group. Returns the exit code."""
         proc, self._proc = self._proc, None
         # Python-backend stubs normally exit with the server; reap any that did not.
-        code = stop_process_group(proc, self.stop_grace_s, reap_s=5.0) if proc is not None else None
+        code = stop_process_group(proc, self.stop_grace_s, reap_s=STUB_REAP_S) if proc is not None else None
         if self._log_file is not None:
             with contextlib.suppress(Exception):
                 self._log_file.close()

@@ -1,0 +1,240 @@
+"""Ctrl-C and SIGTERM for a command that starts processes: whatever moment the signal comes at, everything the
+command started is stopped, in order, in bounded time.
+
+Three rules make that hold:
+
+* SIGINT and SIGTERM get handlers of their own while a :class:`Shutdown` is active. Python turns SIGINT into
+  ``KeyboardInterrupt`` only when the process did not inherit SIGINT as ignored
+  (https://docs.python.org/3/library/signal.html#general-rules), and a background job of a non-interactive shell
+  (``make test &`` in a script, ``nohup``) inherits it ignored (POSIX, Shell Command Language, "Signals and Error
+  Handling": https://pubs.opengroup.org/onlinepubs/9699919799/utilities/V3_chap02.html#tag_18_11). Relying on
+  the default, the command would never see the Ctrl-C it documents and would run on. Go's ``signal.Notify``
+  takes over an ignored SIGINT in the same way (https://pkg.go.dev/os/signal).
+* Only the first signal raises. From then on, and from the end of the run on, the cleanup runs to its end: an
+  exception inside a stop step would skip the rest of that step (the SIGKILL after a grace period, the later
+  stages of a control plane) and leave processes running. A later signal is only reported, on stderr.
+* Every step has a timeout, documented by whoever registers it, so the cleanup takes at most their sum
+  (:attr:`Shutdown.timeout_s`). A step that fails is reported and the next one still runs. A last step stops
+  any child process that no step stopped (one being started at the moment of the signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+T = TypeVar("T")
+
+#: Seconds the last step gives leftover child processes after SIGTERM, then again after SIGKILL.
+CHILD_GRACE_S = 5.0
+#: Seconds :func:`run_cancellable` gives its cancelled coroutines to end (requests in flight).
+CANCEL_WAIT_S = 5.0
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as an interrupt so that Ctrl-C's cleanup runs for both."""
+
+
+@dataclass
+class _Step:
+    what: str  # completes "could not ..." in a report
+    timeout_s: float | Callable[[], float]
+    fn: Callable[[], object]
+
+    def timeout(self) -> float:
+        return float(self.timeout_s() if callable(self.timeout_s) else self.timeout_s)
+
+
+def _say(text: str) -> None:
+    """Write to stderr at once, even from a signal handler that interrupted a ``Console.print``."""
+    with contextlib.suppress(OSError, ValueError):
+        os.write(sys.stderr.fileno(), text.encode())
+
+
+class Shutdown:
+    """Signal handling and the ordered cleanup of one run (see the module docstring); a context manager.
+
+    Register cleanup steps while starting things (:meth:`on_exit`, :meth:`enter`); they run in reverse order of
+    registration when the ``with`` block ends, by return, exception or signal, with ``announce`` printed first.
+    After the block, :attr:`signum` is the first SIGINT/SIGTERM received (None if none) and :attr:`problems`
+    says what could not be stopped or removed. The exception that ended the block propagates unchanged.
+    """
+
+    def __init__(self, console: Console, announce: str = "stopping what was started") -> None:
+        self.console = console
+        self.announce = announce
+        self.signum: int | None = None
+        self.stopping = False
+        self.problems: list[str] = []
+        self._steps: list[_Step] = []
+        self._previous: dict[int, Any] = {}
+        self._step_deadline = 0.0  # monotonic end of the running step's timeout
+        self._after_step_s = 0.0  # timeouts of the steps after it
+
+    def on_exit(
+        self, what: str, timeout_s: float | Callable[[], float], fn: Callable[..., object], *args: Any, **kw: Any
+    ) -> None:
+        """Run ``fn(*args, **kw)`` on exit; it must end within ``timeout_s`` seconds (a number, or a function
+        giving it when the cleanup starts). ``what`` completes "could not ..." if it raises."""
+        self._steps.append(_Step(what, timeout_s, lambda: fn(*args, **kw)))
+
+    def enter(self, cm: AbstractContextManager[T], what: str, timeout_s: float) -> T:
+        """Enter ``cm`` now and exit it on exit, as a step of at most ``timeout_s``."""
+        value = cm.__enter__()
+        self.on_exit(what, timeout_s, cm.__exit__, None, None, None)
+        return value
+
+    @property
+    def timeout_s(self) -> float:
+        """The longest the cleanup can take with the steps registered so far (seconds)."""
+        return sum(s.timeout() for s in self._steps) + 2 * CHILD_GRACE_S
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signum is not None
+
+    def __enter__(self) -> Shutdown:
+        for sig in HANDLED:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stopping = True
+        try:
+            self._run()
+        finally:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if not self.stopping:
+            self.stopping = True
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        left = max(0.0, self._step_deadline - time.monotonic()) + self._after_step_s
+        _say(
+            f"\n{signal.Signals(signum).name} while stopping: the cleanup goes on so that nothing is left running "
+            f"(at most {left:.0f} s more)\n"
+        )
+
+    def _run(self) -> None:
+        steps = [*reversed(self._steps), _Step("stop leftover child processes", 2 * CHILD_GRACE_S, self._leftovers)]
+        self._steps = []
+        prefix = f"{signal.Signals(self.signum).name}: " if self.signum is not None else ""
+        total = sum(s.timeout() for s in steps)
+        self.console.print(f"{prefix}{self.announce} (at most {total:.0f} s) ...", markup=False, highlight=False)
+        for i, step in enumerate(steps):
+            self._step_deadline = time.monotonic() + step.timeout()
+            self._after_step_s = sum(s.timeout() for s in steps[i + 1 :])
+            try:
+                step.fn()
+            except BaseException as e:  # reported; the next steps must still run
+                self.problems.append(f"could not {step.what}: {str(e) or type(e).__name__}")
+                self.console.print(self.problems[-1], style="red", markup=False, highlight=False)
+
+    def _leftovers(self) -> None:
+        for line in stop_children(CHILD_GRACE_S):
+            self.console.print(f"stopped a leftover process: {line}", markup=False, highlight=False)
+
+
+def _children() -> dict[int, tuple[int, str]]:
+    """Live (not zombie) child processes of this process: PID -> (process group, command line). Linux /proc."""
+    found: dict[int, tuple[int, str]] = {}
+    me = os.getpid()
+    with contextlib.suppress(OSError):
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+                cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()  # state ppid pgrp ...
+            if len(fields) > 2 and int(fields[1]) == me and fields[0] not in ("Z", "X"):
+                found[int(d.name)] = (int(fields[2]), cmdline[:200])
+    return found
+
+
+def _signal_child(pid: int, pgid: int, sig: int) -> None:
+    # A child that leads its own group (start_new_session) takes its group along (Triton's Python-backend stubs).
+    # Its PID cannot be reused before this process reaps it, so the PID still names the process started here.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pgid == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def stop_children(grace_s: float = CHILD_GRACE_S) -> list[str]:
+    """SIGTERM every live child process (with the process group it leads), SIGKILL those left after ``grace_s``,
+    then wait up to ``grace_s`` again. Returns ``"<pid> <command line>"`` of each child found."""
+    children = _children()
+    for pid, (pgid, _) in children.items():
+        _signal_child(pid, pgid, signal.SIGTERM)
+    for sig in (signal.SIGKILL, None):
+        deadline = time.monotonic() + grace_s
+        while (left := set(_children()) & set(children)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if sig is not None:
+            for pid in left:
+                _signal_child(pid, children[pid][0], sig)
+    return [f"{pid} {cmd}" for pid, (_, cmd) in sorted(children.items())]
+
+
+def run_cancellable(jobs: Mapping[str, Callable[[], Coroutine[Any, Any, T]]]) -> dict[str, T]:
+    """Run the coroutines at once, each on an event loop of its own (daemon) thread; returns their results.
+
+    An exception in the main thread (Ctrl-C) cancels them all, waits up to :data:`CANCEL_WAIT_S` for them to end
+    and propagates. A thread pool could not do that: its exit joins the workers, so an interrupt would wait for
+    the whole run (a load of ``--duration`` seconds) before any cleanup began. Raises the first job's error.
+    """
+    runners = {key: asyncio.Runner(loop_factory=asyncio.new_event_loop) for key in jobs}
+    for runner in runners.values():
+        runner.get_loop()  # made here, not in the threads: a cancel below must find the loop the thread runs
+    results: dict[str, T] = {}
+    errors: list[BaseException] = []
+
+    def run(key: str) -> None:
+        try:
+            with runners[key] as runner:
+                results[key] = runner.run(jobs[key]())
+        except BaseException as e:  # raised again in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(key,), name=f"job-{key}", daemon=True) for key in jobs]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:
+        for runner in runners.values():
+            with contextlib.suppress(RuntimeError):  # that run has ended and closed its loop
+                runner.get_loop().call_soon_threadsafe(_cancel_tasks)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        raise
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _cancel_tasks() -> None:
+    for task in asyncio.all_tasks():
+        task.cancel()
