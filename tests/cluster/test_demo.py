@@ -169,6 +169,13 @@ def _wait_gone(run_dir: Path, timeout_s: float = 30.0) -> list[str]:
     return left
 
 
+def _triton_logs(run_dir: Path) -> str:
+    return "".join(
+        f"\n--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        for log in sorted(run_dir.glob("run-*/pods/*/tritonserver.log"))
+    )
+
+
 def _freeze_api_server(run_dir: Path) -> int:
     """SIGSTOP the kube-apiserver of the run in ``run_dir``: from now on every API call of the run hangs."""
     pid = next((p for p, argv in _processes(run_dir).items() if argv[0].endswith("/kube-apiserver")), None)
@@ -178,12 +185,12 @@ def _freeze_api_server(run_dir: Path) -> int:
 
 
 def _stop_bound(text: str, existing_objects: int | None = None) -> float:
-    """The cleanup's bound the demo printed, checked against the one its stop timeouts give."""
+    """The bound of the cleanup the demo printed (the sum of the stop timeouts of what it had started), checked
+    against the one of a full run, plus :data:`SLACK_S`."""
     said = re.search(r"stopping what the demo started: .* \(at most (\d+) s\)", text)
     assert said, text[-4000:]
-    bound = demo.stop_timeout_s(existing_objects)
-    assert float(said.group(1)) == round(bound), (said.group(0), bound)
-    return bound + SLACK_S
+    assert 0 < float(said.group(1)) <= round(demo.stop_timeout_s(existing_objects)), said.group(0)
+    return float(said.group(1)) + SLACK_S
 
 
 def _assert_all_stopped(d: Demo, code: int, since: float, existing_objects: int | None = None) -> None:
@@ -243,7 +250,7 @@ def test_demo_stops_everything_on_ctrl_c_when_its_api_server_hangs(tmp_path: Pat
     demos.append(d)
     d.wait_for("Ctrl-C stops everything", 600)
     running = "\n".join(_survivors(run_dir))
-    assert "tritonserver" in running, running
+    assert "tritonserver" in running, running + _triton_logs(run_dir)
     assert "batchfill.cli run" in running, running
     _freeze_api_server(run_dir)
 
@@ -294,7 +301,8 @@ def test_demo_on_an_existing_cluster_stops_its_processes_and_names_what_it_could
             d = Demo(run_dir, "--kubeconfig", str(info.kubeconfig), "--duration", "3", "--keep", sigint="default")
             demos.append(d)
             d.wait_for("Ctrl-C stops everything", 600)
-            assert any("tritonserver" in p for p in _survivors(run_dir)), _survivors(run_dir)
+            running = "\n".join(_survivors(run_dir))
+            assert "tritonserver" in running, running + _triton_logs(run_dir)
             os.kill(api_server, signal.SIGSTOP)
             since = d.interrupt()
             _assert_all_stopped(d, d.wait_exit(demo.stop_timeout_s(3) + SLACK_S), since, existing_objects=3)
@@ -325,7 +333,7 @@ def test_demo_stops_everything_on_sigterm_and_exits_143(tmp_path: Path, demos: l
     # once a tritonserver serves a Ready pod, everything runs: control plane, operator, tritonservers
     d.wait_for("tritonserver pid", 300)
     running = _survivors(run_dir)
-    assert any("tritonserver" in p for p in running), d.text[-4000:]
+    assert any("tritonserver" in p for p in running), "\n".join(running) + _triton_logs(run_dir)
     assert any("batchfill.cli run" in p for p in running), running
     os.kill(d.proc.pid, signal.SIGTERM)  # the demo process only, as a supervisor would
     assert d.wait_exit(demo.stop_timeout_s() + SLACK_S) == 143, d.text[-4000:]

@@ -12,10 +12,13 @@ Three rules make that hold:
   takes over an ignored SIGINT in the same way (https://pkg.go.dev/os/signal).
 * Only the first signal raises. From then on, and from the end of the run on, the cleanup runs to its end: an
   exception inside a stop step would skip the rest of that step (the SIGKILL after a grace period, the later
-  stages of a control plane) and leave processes running. A later signal is only reported, on stderr.
-* Every step has a timeout, documented by whoever registers it, so the cleanup takes at most their sum
-  (:attr:`Shutdown.timeout_s`). A step that fails is reported and the next one still runs. A last step stops
-  any child process that no step stopped (one being started at the moment of the signal).
+  stages of a control plane) and leave processes running. A later signal is only reported, on stderr. If the
+  interrupt is swallowed because the handler ran where Python ignores exceptions (an ``os.register_at_fork``
+  hook such as logging's while ``subprocess`` forks, a ``__del__``: "Exception ignored in ..."), it reaches
+  ``sys.unraisablehook`` (https://docs.python.org/3/library/sys.html#sys.unraisablehook) and is raised again.
+* Every step has a timeout, documented by whoever registers it, so the cleanup takes at most their sum, which
+  it prints when it starts. A step that fails is reported and the next one still runs. A last step stops any
+  child process that no step stopped (one being started at the moment of the signal).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ T = TypeVar("T")
 
 #: Seconds the last step gives leftover child processes after SIGTERM, then again after SIGKILL.
 CHILD_GRACE_S = 5.0
+#: Seconds after which an interrupt that was swallowed is raised again.
+REDELIVER_S = 0.05
 #: Seconds :func:`run_cancellable` gives its cancelled coroutines to end (requests in flight).
 CANCEL_WAIT_S = 5.0
 HANDLED = (signal.SIGINT, signal.SIGTERM)
@@ -77,10 +82,13 @@ class Shutdown:
         self.console = console
         self.announce = announce
         self.signum: int | None = None
-        self.stopping = False
         self.problems: list[str] = []
+        self._raised = False  # an interrupt was raised into the run
+        self._owed = False  # ... and swallowed: raise it again
+        self._cleaning = False  # the cleanup has begun
         self._steps: list[_Step] = []
         self._previous: dict[int, Any] = {}
+        self._previous_hook: Callable[[Any], object] = sys.unraisablehook
         self._step_deadline = 0.0  # monotonic end of the running step's timeout
         self._after_step_s = 0.0  # timeouts of the steps after it
 
@@ -98,38 +106,51 @@ class Shutdown:
         return value
 
     @property
-    def timeout_s(self) -> float:
-        """The longest the cleanup can take with the steps registered so far (seconds)."""
-        return sum(s.timeout() for s in self._steps) + 2 * CHILD_GRACE_S
-
-    @property
     def interrupted(self) -> bool:
         return self.signum is not None
 
     def __enter__(self) -> Shutdown:
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
         for sig in HANDLED:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.stopping = True
+        self._cleaning = True
         try:
             self._run()
         finally:
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler)
+            sys.unraisablehook = self._previous_hook
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is None:
             self.signum = signum
-        if not self.stopping:
-            self.stopping = True
-            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        if frame is not None and frame.f_code is _EXIT_CODE:  # at the entry of __exit__: the cleanup has begun
+            self._cleaning = True
+        redelivered, self._owed = self._owed, False
+        if not self._cleaning and (redelivered or not self._raised):
+            self._raised = True
+            raise Terminated if self.signum == signal.SIGTERM else KeyboardInterrupt
+        if redelivered:
+            return
         left = max(0.0, self._step_deadline - time.monotonic()) + self._after_step_s
-        _say(
-            f"\n{signal.Signals(signum).name} while stopping: the cleanup goes on so that nothing is left running "
-            f"(at most {left:.0f} s more)\n"
-        )
+        when = f"at most {left:.0f} s more" if self._cleaning else "once the interrupted step has ended"
+        name = signal.Signals(signum).name
+        _say(f"\n{name} while stopping: the cleanup goes on so that nothing is left running ({when})\n")
+
+    def _unraisable(self, unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, KeyboardInterrupt) and self._raised and not self._cleaning and self.signum is not None:
+            self._owed = True
+            # From another thread, a little later: sent from here, the handler would run (and be swallowed) at
+            # once, still inside the code that ignores exceptions.
+            again = threading.Timer(REDELIVER_S, signal.pthread_kill, (threading.main_thread().ident or 0, self.signum))
+            again.daemon = True
+            again.start()
+        self._previous_hook(unraisable)
 
     def _run(self) -> None:
         steps = [*reversed(self._steps), _Step("stop leftover child processes", 2 * CHILD_GRACE_S, self._leftovers)]
@@ -149,6 +170,9 @@ class Shutdown:
     def _leftovers(self) -> None:
         for line in stop_children(CHILD_GRACE_S):
             self.console.print(f"stopped a leftover process: {line}", markup=False, highlight=False)
+
+
+_EXIT_CODE = Shutdown.__exit__.__code__
 
 
 def _children() -> dict[int, tuple[int, str]]:
@@ -221,7 +245,8 @@ def run_cancellable(jobs: Mapping[str, Callable[[], Coroutine[Any, Any, T]]]) ->
         t.start()
     try:
         for t in threads:
-            t.join()
+            while t.is_alive():
+                t.join(timeout=0.5)  # polls: a signal delivered to another thread still gets handled here soon
     except BaseException:
         for runner in runners.values():
             with contextlib.suppress(RuntimeError):  # that run has ended and closed its loop
