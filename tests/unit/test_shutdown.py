@@ -213,3 +213,26 @@ def test_run_cancellable_returns_results_and_an_interrupt_cancels_a_long_run() -
     assert r["outcome"] == "interrupted"
     assert float(str(r["s"])) < 10  # not the job's 600 s
     assert r["threads"] == 1  # the cancelled job's thread ended
+
+
+def test_a_closed_output_pipe_does_not_kill_the_cleanup(tmp_path: Path) -> None:
+    # `batchfill demo | tee log` and Ctrl-C: tee is gone before the demo writes "stopping ..."; by default SIGPIPE
+    # would end the process on that line, before any step ran.
+    marker = tmp_path / "stopped"
+    code = f"""
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as batchfill's main() sets it
+        with Shutdown(console) as s:
+            s.on_exit("write the marker", 1, __import__("pathlib").Path({str(marker)!r}).write_text, "stopped")
+            print("ready", flush=True)
+            time.sleep(30)
+        """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.stdout.close()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode != -signal.SIGPIPE
+    assert marker.read_text() == "stopped"

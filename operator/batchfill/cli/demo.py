@@ -14,7 +14,9 @@
 
 Everything started is stopped on exit, on Ctrl-C and on SIGTERM, whatever step the demo is at, in at most
 :func:`stop_timeout_s` (the sum of the stop timeouts below; :mod:`batchfill.cli.shutdown` says how). With
-``--keep`` the demo stays up (tritonservers follow the Ready pods) until interrupted.
+``--keep`` the demo stays up (tritonservers follow the Ready pods) until interrupted. The steps and their
+cleanup stay in this one module (over 600 lines) so that what a Ctrl-C stops, and in which order, reads in one
+place.
 """
 
 from __future__ import annotations
@@ -432,23 +434,30 @@ def _cluster(
 
 def _delete_objects(kubeconfig: Path, made: list[tuple[str, ...]]) -> None:
     """``kubectl delete`` each object of ``made`` (``kubectl delete`` arguments), newest first, each within
-    :data:`API_DELETE_TIMEOUT_S`. After a timeout the API server is taken as unreachable: the rest is not tried.
-    Raises DemoError naming what is left, why, and the commands that delete it."""
+    :data:`API_DELETE_TIMEOUT_S`. Raises DemoError naming what is left, why, and the commands that delete it."""
+    exe = devcluster.kubectl_path()
+    kubectl = str(exe) if exe.is_file() else (shutil.which("kubectl") or "kubectl")
     left: list[str] = []
     why: list[str] = []
     for obj in (" ".join(o) for o in reversed(made)):
-        if why and why[-1].endswith(" s"):  # the last one timed out
-            left.append(obj)
-            continue
+        flags = ["--ignore-not-found", "--wait=false", f"--request-timeout={API_DELETE_TIMEOUT_S / 2:g}s"]
         try:
-            flags = ("--ignore-not-found", "--wait=false", f"--request-timeout={API_DELETE_TIMEOUT_S / 2:g}s")
-            devcluster.kubectl(kubeconfig, "delete", *obj.split(), *flags, timeout_s=API_DELETE_TIMEOUT_S)
+            # A session of its own: a second Ctrl-C at the terminal must not kill the cleanup's kubectl.
+            r = subprocess.run(
+                [kubectl, f"--kubeconfig={kubeconfig}", "delete", *obj.split(), *flags],
+                capture_output=True,
+                text=True,
+                timeout=API_DELETE_TIMEOUT_S,
+                start_new_session=True,
+            )
+            error = (r.stderr.strip().splitlines() or [f"kubectl exited with {r.returncode}"])[-1]
         except subprocess.TimeoutExpired:
+            r, error = None, f"no answer in {API_DELETE_TIMEOUT_S:g} s"
+        except OSError as e:
+            r, error = None, str(e)
+        if r is None or r.returncode != 0:
             left.append(obj)
-            why.append(f"{obj}: no answer in {API_DELETE_TIMEOUT_S:g} s")
-        except (devcluster.DevClusterError, OSError) as e:
-            left.append(obj)
-            why.append(f"{obj}: {e}")
+            why.append(f"{obj}: {error}")
     if left:
         commands = "; ".join(f"kubectl --kubeconfig={kubeconfig} delete {obj}" for obj in left)
         raise DemoError(f"{', '.join(left)} left ({'; '.join(why)}); to delete them: {commands}")
@@ -629,6 +638,9 @@ def demo_main(options: DemoOptions, console: Console) -> int:
         pass
     except (DemoError, devcluster.DevClusterError) as e:
         console.print(f"[red]demo failed:[/] {e}", highlight=False)
+    except SystemExit:  # rich's answer to a closed pipe (`demo | tee` and Ctrl-C): the signal decides
+        if not shutdown.interrupted:
+            raise
     except Exception as e:
         if not shutdown.interrupted:
             raise

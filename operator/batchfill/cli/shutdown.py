@@ -19,6 +19,9 @@ Three rules make that hold:
 * Every step has a timeout, documented by whoever registers it, so the cleanup takes at most their sum, which
   it prints when it starts. A step that fails is reported and the next one still runs. A last step stops any
   child process that no step stopped (one being started at the moment of the signal).
+
+SIGPIPE is ignored meanwhile: with ``batchfill demo | tee log``, Ctrl-C stops ``tee`` too, and the next line
+written would kill the process by SIGPIPE in the middle of its cleanup; a failed write is an error instead.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ REDELIVER_S = 0.05
 #: Seconds :func:`run_cancellable` gives its cancelled coroutines to end (requests in flight).
 CANCEL_WAIT_S = 5.0
 HANDLED = (signal.SIGINT, signal.SIGTERM)
+IGNORED = (signal.SIGPIPE,)
 
 
 class Terminated(KeyboardInterrupt):
@@ -114,6 +118,8 @@ class Shutdown:
         sys.unraisablehook = self._unraisable
         for sig in HANDLED:
             self._previous[sig] = signal.signal(sig, self._handle)
+        for sig in IGNORED:
+            self._previous[sig] = signal.signal(sig, signal.SIG_IGN)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -157,7 +163,7 @@ class Shutdown:
         self._steps = []
         prefix = f"{signal.Signals(self.signum).name}: " if self.signum is not None else ""
         total = sum(s.timeout() for s in steps)
-        self.console.print(f"{prefix}{self.announce} (at most {total:.0f} s) ...", markup=False, highlight=False)
+        self._print(f"{prefix}{self.announce} (at most {total:.0f} s) ...")
         for i, step in enumerate(steps):
             self._step_deadline = time.monotonic() + step.timeout()
             self._after_step_s = sum(s.timeout() for s in steps[i + 1 :])
@@ -165,11 +171,17 @@ class Shutdown:
                 step.fn()
             except BaseException as e:  # reported; the next steps must still run
                 self.problems.append(f"could not {step.what}: {str(e) or type(e).__name__}")
-                self.console.print(self.problems[-1], style="red", markup=False, highlight=False)
+                self._print(self.problems[-1], style="red")
+
+    def _print(self, text: str, style: str | None = None) -> None:
+        # A closed pipe: rich raises SystemExit (Console.on_broken_pipe, after pointing stdout to /dev/null), or
+        # the write fails; the steps matter more than their report.
+        with contextlib.suppress(OSError, SystemExit):
+            self.console.print(text, style=style, markup=False, highlight=False)
 
     def _leftovers(self) -> None:
         for line in stop_children(CHILD_GRACE_S):
-            self.console.print(f"stopped a leftover process: {line}", markup=False, highlight=False)
+            self._print(f"stopped a leftover process: {line}")
 
 
 _EXIT_CODE = Shutdown.__exit__.__code__
