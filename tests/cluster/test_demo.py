@@ -314,12 +314,12 @@ def test_demo_on_an_existing_cluster_stops_its_processes_and_names_what_it_could
         assert left.group(1) == f"bm -n ocr text-recognizer, pvc -n ocr triton-models, pv {pv}", left.group(0)
         assert "interrupted: not everything the demo started could be stopped or deleted" in d.text
         assert [p.name.startswith("run-") for p in run_dir.iterdir()] == [True], "its logs are kept"
-        # what it says to run deletes what is left
+        # what it says to run deletes what is left (kubectl waits for each deletion to finish)
         commands = re.search(r"to delete them: (.*)$", d.text, re.MULTILINE)
         assert commands, d.text[-4000:]
         for command in commands.group(1).split("; "):
-            args = command.split()[2:]  # after "kubectl --kubeconfig=..."
-            devcluster.kubectl(info.kubeconfig, *args, "--wait=false")
+            assert command.startswith(f"kubectl --kubeconfig={info.kubeconfig} delete "), command
+            devcluster.kubectl(info.kubeconfig, *command.split()[2:], timeout_s=120)
         left_over = devcluster.kubectl(info.kubeconfig, "get", "bm,pvc", "-n", "ocr", "-o", "name").stdout
         assert left_over.strip() == ""
         assert devcluster.kubectl(info.kubeconfig, "get", "pv", pv, "--ignore-not-found").stdout.strip() == ""

@@ -206,8 +206,13 @@ class PodTritons:
                 **pod_ports,
             )
             self.servers[pod] = server  # before it starts: an interrupt while it starts must still stop it
-            with console.status(f"starting tritonserver for pod {pod} (node {ready[pod]}) ..."):
-                server.start()
+            try:
+                with console.status(f"starting tritonserver for pod {pod} (node {ready[pod]}) ..."):
+                    server.start()
+            except Exception:  # not started (and stopped): the next sync tries again
+                server.stop()
+                del self.servers[pod]
+                raise
             console.log(
                 f"pod {pod} on {ready[pod]}: tritonserver pid {server.pid}, grpc {server.grpc_url}, "
                 f"metrics {server.metrics_url}"
