@@ -12,8 +12,11 @@
 6. Poisson load on those servers at a fraction of the planned capacity, and Triton's own p99 against the SLA;
 7. what a user checks: ``kubectl get bm``, the rendered config, the pods on GPU nodes, the events.
 
-Everything started is stopped on exit, on Ctrl-C and on SIGTERM. With ``--keep`` the demo stays up (tritonservers
-follow the Ready pods) until interrupted.
+Everything started is stopped on exit, on Ctrl-C and on SIGTERM, whatever step the demo is at, in at most
+:func:`stop_timeout_s` (the sum of the stop timeouts below; :mod:`batchfill.cli.shutdown` says how). With
+``--keep`` the demo stays up (tritonservers follow the Ready pods) until interrupted. The steps and their
+cleanup stay in this one module (over 600 lines) so that what a Ctrl-C stops, and in which order, reads in one
+place.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import json
 import math
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,26 +41,40 @@ from rich.table import Table
 
 from batchfill.adapters.triton_stats import summary_quantile_ms
 from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.cli.shutdown import CHILD_GRACE_S, Shutdown, Terminated, run_cancellable
 from batchfill.render import config_on_cpu, config_with_parameters
 from batchfill.render.kube import GRPC_PORT, HTTP_PORT, METRICS_PORT, MODEL_LABEL
-from batchfill.testbed import devcluster
+from batchfill.testbed import devcluster, triton_local
 from batchfill.testbed.install import (
     CLAIM,
+    OPERATOR_KILL_WAIT_S,
     OPERATOR_NS,
     OPERATOR_SA,
+    OPERATOR_STOP_GRACE_S,
     install_operator_rbac,
     model_volume,
     operator_as_service_account,
 )
 from batchfill.testbed.install import kubectl_stdout as _kubectl
 from batchfill.testbed.install import server_side_apply as _apply
-from batchfill.testbed.loadgen import LoadResult, grpc_fp32_input, run_poisson
+from batchfill.testbed.loadgen import LoadResult, grpc_fp32_input, poisson_arrivals, run_poisson_async
 from batchfill.testbed.model_repo import write_model
 from batchfill.testbed.triton_local import LocalTriton
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "deploy" / "examples" / "ocr-recognizer.yaml"
 EXAMPLE_MODEL = "ocr_recognizer"  # the shipped model.py the example's annotation names
+
+# Stop timeouts (seconds) of the cleanup's steps; their sum bounds it (stop_timeout_s).
+#: A tritonserver gets this after SIGTERM before SIGKILL (Triton itself waits --exit-timeout-secs=5 for requests
+#: in flight); all of them stop at once, each within triton_stop_timeout_s().
+TRITON_STOP_GRACE_S = 10.0
+# The operator's: OPERATOR_STOP_GRACE_S and OPERATOR_KILL_WAIT_S (batchfill.testbed.install).
+#: One ``kubectl delete`` of an object the demo made in an existing cluster (``--kubeconfig``).
+API_DELETE_TIMEOUT_S = 10.0
+#: Local work: closing the API client, removing the working directory.
+LOCAL_STEP_S = 5.0
+STOPPING = "stopping what the demo started: tritonservers, operator, control plane or demo objects"
 
 
 class DemoError(RuntimeError):
@@ -164,11 +182,20 @@ class PodTritons:
                 else {}
             )
             server = LocalTriton(
-                repo, log_path=self.work / pod / "tritonserver.log", startup_timeout_s=180, **pod_ports
+                repo,
+                log_path=self.work / pod / "tritonserver.log",
+                startup_timeout_s=180,
+                stop_grace_s=TRITON_STOP_GRACE_S,
+                **pod_ports,
             )
-            with console.status(f"starting tritonserver for pod {pod} (node {ready[pod]}) ..."):
-                server.start()
-            self.servers[pod] = server
+            self.servers[pod] = server  # before it starts: an interrupt while it starts must still stop it
+            try:
+                with console.status(f"starting tritonserver for pod {pod} (node {ready[pod]}) ..."):
+                    server.start()
+            except Exception:  # not started (and stopped): the next sync tries again
+                server.stop()
+                del self.servers[pod]
+                raise
             console.log(
                 f"pod {pod} on {ready[pod]}: tritonserver pid {server.pid}, grpc {server.grpc_url}, "
                 f"metrics {server.metrics_url}"
@@ -176,9 +203,27 @@ class PodTritons:
         self._endpoints = [s.grpc_url for _, s in sorted(self.servers.items())]
 
     def stop(self) -> None:
+        """Stop every server at once, so that this takes one server's stop time (:func:`triton_stop_timeout_s`)."""
         self._endpoints = []
-        for pod in list(self.servers):
-            self.servers.pop(pod).stop()
+        servers, self.servers = list(self.servers.values()), {}
+        if servers:
+            with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="stop-triton") as pool:
+                list(pool.map(LocalTriton.stop, servers))
+
+
+def triton_stop_timeout_s() -> float:
+    """The longest :meth:`PodTritons.stop` takes (seconds): SIGTERM grace, SIGKILL, stubs (triton_local)."""
+    return TRITON_STOP_GRACE_S + triton_local.KILL_WAIT_S + triton_local.STUB_REAP_S
+
+
+def stop_timeout_s(existing_objects: int | None = None) -> float:
+    """The longest the demo's cleanup takes, in seconds: the sum of its steps' timeouts, as it prints when it
+    starts stopping. ``existing_objects``: on an existing cluster, how many objects the demo made there (each
+    gets :data:`API_DELETE_TIMEOUT_S`); None for the demo's own control plane (devcluster.STOP_TIMEOUT_S)."""
+    cluster = devcluster.STOP_TIMEOUT_S if existing_objects is None else existing_objects * API_DELETE_TIMEOUT_S
+    operator = OPERATOR_STOP_GRACE_S + OPERATOR_KILL_WAIT_S
+    # working directory, control plane or objects, operator, API client, tritonservers, leftover children
+    return LOCAL_STEP_S + cluster + operator + LOCAL_STEP_S + triton_stop_timeout_s() + 2 * CHILD_GRACE_S
 
 
 def _gpu_nodes(kubeconfig: Path) -> list[str]:
@@ -207,14 +252,11 @@ def _condition(bm: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in (bm.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread as an interrupt so that Ctrl-C's cleanup runs for both."""
-
-
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) in the main thread while inside; a second SIGTERM
-    is ignored so it cannot cut that cleanup short."""
+    is ignored so it cannot cut that cleanup short. (The demo itself uses :class:`Shutdown`, which also takes
+    SIGINT over and keeps later signals out of the whole cleanup.)"""
 
     def raise_interrupt(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -227,113 +269,193 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_demo(options: DemoOptions, console: Console) -> DemoResult:
+def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None = None) -> DemoResult:
     """Run the demo (module docstring); stops everything it started before returning or raising.
+
+    ``shutdown``: where the cleanup steps go (the caller's ``with`` block runs them); by default one of its own.
 
     Raises:
         DemoError: a step failed (message with the log to read).
         devcluster.DevClusterError: the control plane could not be built or started.
-        KeyboardInterrupt: Ctrl-C or SIGTERM (after cleanup).
+        KeyboardInterrupt: Ctrl-C or SIGTERM (:class:`Terminated`), after the cleanup when the shutdown is the
+            demo's own.
     """
     if not EXAMPLE.is_file():
         raise DemoError(f"{EXAMPLE} is missing: run the demo from a clone of the batchfill repository")
-    with contextlib.ExitStack() as stack, sigterm_as_interrupt():
-        base = options.run_dir or devcluster.default_run_dir().parent / "demo"
-        base.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="run-", dir=base))
-        stack.callback(shutil.rmtree, work, True)
-        t0 = time.monotonic()
+    if shutdown is None:
+        with Shutdown(console, STOPPING) as own:
+            return run_demo(options, console, own)
+    base = options.run_dir or devcluster.default_run_dir().parent / "demo"
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="run-", dir=base))
+    shutdown.on_exit("remove the working directory", LOCAL_STEP_S, _remove_work, work, shutdown)
+    t0 = time.monotonic()
+    kubeconfig, made = _cluster(options, work, shutdown, console)
 
-        if options.kubeconfig is None:
-            devcluster.ensure_binaries(console)
-            info = devcluster.cluster_up(work / "cluster", 2, 4, console=console, die_with_parent=True, build=False)
-            stack.callback(devcluster.cluster_down, work / "cluster", console=console, quiet=True)
-            kubeconfig = info.kubeconfig
-            console.log(f"control plane up in {info.startup_s:.1f} s: {info.server}, 2 kwok nodes x 4 nvidia.com/gpu")
-        else:
-            kubeconfig = options.kubeconfig
-            console.log(f"using the existing cluster of {kubeconfig}")
-            if not _gpu_nodes(kubeconfig):
-                # e.g. kind with kwok's controller deployed in it (README): kwok runs the Triton pods on these
-                nodes = devcluster.desired_nodes(2, 4)
-                devcluster.ensure_fake_nodes(kubeconfig, nodes)
-                for node in nodes:
-                    stack.callback(_kubectl, kubeconfig, "delete", "node", node["metadata"]["name"], check=False)
-                console.log("no node advertises nvidia.com/gpu: added 2 kwok-managed fake GPU nodes x 4 GPUs")
+    install_operator_rbac(kubeconfig, work)
+    console.log("installed the CRD, ServiceAccount and least-privilege RBAC from deploy/base")
+    operator_log = work / "operator.log"
+    operator = shutdown.enter(
+        operator_as_service_account(kubeconfig, work, operator_log),
+        "stop the operator",
+        OPERATOR_STOP_GRACE_S + OPERATOR_KILL_WAIT_S,
+    )
+    console.log(
+        f"operator running as ServiceAccount {OPERATOR_NS}/{OPERATOR_SA} (pid {operator.pid}, log {operator_log})"
+    )
 
-        install_operator_rbac(kubeconfig, work)
-        console.log("installed the CRD, ServiceAccount and least-privilege RBAC from deploy/base")
-        operator_log = work / "operator.log"
-        operator = stack.enter_context(operator_as_service_account(kubeconfig, work, operator_log))
-        console.log(
-            f"operator running as ServiceAccount {OPERATOR_NS}/{OPERATOR_SA} (pid {operator.pid}, log {operator_log})"
+    example = yaml.safe_load(EXAMPLE.read_text())
+    ns, name = example["metadata"]["namespace"], example["metadata"]["name"]
+    model = example["spec"]["model"]["name"]
+    model_files = _deploy_example(kubeconfig, work, example, made)
+    console.log(f"kubectl apply --server-side -f {EXAMPLE.relative_to(ROOT)}")
+
+    from kubernetes import client
+
+    api = shutdown.enter(devcluster.api_client(kubeconfig), "close the API client", LOCAL_STEP_S)
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+    def operator_log_tail() -> str:
+        return f"operator log {operator_log}:\n" + "\n".join(operator_log.read_text().splitlines()[-15:])
+
+    def planned() -> dict[str, Any] | None:
+        if operator.poll() is not None:
+            raise DemoError(f"the operator exited with {operator.returncode}\n{operator_log_tail()}")
+        bm = cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
+        return bm if _condition(bm, "Planned").get("status") == "True" else None
+
+    bm = _until(
+        f"waiting for the operator to plan {ns}/{name} ...", planned, options.timeout_s, console, operator_log_tail
+    )
+    selector = f"{MODEL_LABEL}={name}"
+    found = _until(
+        "waiting for the Triton pods to be scheduled on GPU nodes and Ready ...",
+        lambda: ready_pods_with_ips(core, ns, selector),
+        options.timeout_s,
+        console,
+        lambda: _kubectl(kubeconfig, "get", "pods,events", "-n", ns, "-o", "wide", check=False),
+    )
+    configmap = core.read_namespaced_config_map(f"{name}-triton-config", ns)
+    config_pbtxt = str((configmap.data or {})["config.pbtxt"])
+    tritons = PodTritons(work / "pods", model, model_files)
+    shutdown.on_exit("stop the tritonservers", triton_stop_timeout_s(), tritons.stop)
+    ready = {pod: node for pod, (node, _) in found.items()}
+    tritons.sync(ready, config_pbtxt, console, {pod: ip for pod, (_, ip) in found.items()})
+
+    result = _load(tritons, ready, model, example, bm["status"]["plan"], options, console)
+    _report(console, kubeconfig, ns, name, config_pbtxt, result)
+    console.log(f"demo done in {time.monotonic() - t0:.0f} s")
+    if options.keep:
+        _follow_pods(tritons, kubeconfig, core, ns, selector, config_pbtxt, console)
+    return result
+
+
+def _deploy_example(kubeconfig: Path, work: Path, example: dict[str, Any], made: list[tuple[str, ...]] | None) -> Path:
+    """The model volume and the example BatchedModel, applied as a user would; on an existing cluster their
+    ``kubectl delete`` arguments go to ``made``. Returns the volume's directory (the model files)."""
+    ns, name = example["metadata"]["namespace"], example["metadata"]["name"]
+    model_files = work / "volume"
+    write_model(
+        model_files, example["spec"]["model"]["name"], "# replaced by the ConfigMap's config.pbtxt\n", EXAMPLE_MODEL
+    )
+    _apply(kubeconfig, model_volume(ns, name, model_files), work / "volume.yaml")
+    _kubectl(kubeconfig, "apply", "--server-side", "-f", str(ROOT / "deploy" / "examples" / "namespaces.yaml"))
+    if made is not None:  # an existing cluster keeps its CRD and RBAC; the demo's objects go
+        made += [("pv", f"{CLAIM}-{ns}-{name}"), ("pvc", "-n", ns, CLAIM), ("bm", "-n", ns, name)]
+    _kubectl(kubeconfig, "apply", "--server-side", "-f", str(EXAMPLE))
+    return model_files
+
+
+def _follow_pods(
+    tritons: PodTritons, kubeconfig: Path, core: Any, ns: str, selector: str, config_pbtxt: str, console: Console
+) -> None:
+    """``--keep``: one tritonserver per Ready pod, until interrupted."""
+    console.print(
+        f"\nthe demo stays up; in another shell:\n  export KUBECONFIG={kubeconfig} "
+        f"PATH={devcluster.bin_dir()}:$PATH\n  kubectl get bm -A\nCtrl-C stops everything."
+    )
+    while True:
+        time.sleep(2.0)
+        found = ready_pods_with_ips(core, ns, selector)
+        ips = {p: ip for p, (_, ip) in found.items()}
+        tritons.sync({p: n for p, (n, _) in found.items()}, config_pbtxt, console, ips)
+
+
+def _cluster(
+    options: DemoOptions, work: Path, shutdown: Shutdown, console: Console
+) -> tuple[Path, list[tuple[str, ...]] | None]:
+    """The cluster to run on: the demo's own control plane, or ``--kubeconfig``'s with fake GPU nodes if it has
+    no GPU node. Returns its kubeconfig, and for an existing cluster the list of ``kubectl delete`` arguments of
+    the objects the demo makes there (filled in as it makes them; deleted on exit, newest first)."""
+    if options.kubeconfig is None:
+        devcluster.ensure_binaries(console)
+        # Registered before the start: an interrupt between the start and the registration would leave it running.
+        shutdown.on_exit(
+            "stop the control plane",
+            devcluster.STOP_TIMEOUT_S,
+            devcluster.cluster_down,
+            work / "cluster",
+            console=console,
+            quiet=True,
         )
+        info = devcluster.cluster_up(work / "cluster", 2, 4, console=console, die_with_parent=True, build=False)
+        console.log(f"control plane up in {info.startup_s:.1f} s: {info.server}, 2 kwok nodes x 4 nvidia.com/gpu")
+        return info.kubeconfig, None
+    kubeconfig = options.kubeconfig
+    made: list[tuple[str, ...]] = []
+    shutdown.on_exit(
+        f"delete the demo's objects from the cluster of {kubeconfig}",
+        lambda: len(made) * API_DELETE_TIMEOUT_S,
+        _delete_objects,
+        kubeconfig,
+        made,
+    )
+    console.log(f"using the existing cluster of {kubeconfig}")
+    if not _gpu_nodes(kubeconfig):
+        # e.g. kind with kwok's controller deployed in it (README): kwok runs the Triton pods on these
+        nodes = devcluster.desired_nodes(2, 4)
+        made += [("node", node["metadata"]["name"]) for node in nodes]
+        devcluster.ensure_fake_nodes(kubeconfig, nodes)
+        console.log("no node advertises nvidia.com/gpu: added 2 kwok-managed fake GPU nodes x 4 GPUs")
+    return kubeconfig, made
 
-        example = yaml.safe_load(EXAMPLE.read_text())
-        ns, name = example["metadata"]["namespace"], example["metadata"]["name"]
-        model = example["spec"]["model"]["name"]
-        model_files = work / "volume"
-        write_model(model_files, model, "# replaced by the ConfigMap's config.pbtxt\n", EXAMPLE_MODEL)
-        _apply(kubeconfig, model_volume(ns, name, model_files), work / "volume.yaml")
-        _kubectl(kubeconfig, "apply", "--server-side", "-f", str(ROOT / "deploy" / "examples" / "namespaces.yaml"))
-        if options.kubeconfig is not None:  # an existing cluster keeps its CRD and RBAC; the demo's objects go
-            for what in (["pv", f"{CLAIM}-{ns}-{name}"], ["pvc", "-n", ns, CLAIM], ["bm", "-n", ns, name]):
-                stack.callback(_kubectl, kubeconfig, "delete", *what, "--ignore-not-found", "--wait=false", check=False)
-        _kubectl(kubeconfig, "apply", "--server-side", "-f", str(EXAMPLE))
-        console.log(f"kubectl apply --server-side -f {EXAMPLE.relative_to(ROOT)}")
 
-        from kubernetes import client
-
-        api = stack.enter_context(devcluster.api_client(kubeconfig))
-        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-
-        def operator_log_tail() -> str:
-            return f"operator log {operator_log}:\n" + "\n".join(operator_log.read_text().splitlines()[-15:])
-
-        def planned() -> dict[str, Any] | None:
-            if operator.poll() is not None:
-                raise DemoError(f"the operator exited with {operator.returncode}\n{operator_log_tail()}")
-            bm = cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
-            return bm if _condition(bm, "Planned").get("status") == "True" else None
-
-        bm = _until(
-            f"waiting for the operator to plan {ns}/{name} ...", planned, options.timeout_s, console, operator_log_tail
-        )
-        plan = bm["status"]["plan"]
-        selector = f"{MODEL_LABEL}={name}"
-        found = _until(
-            "waiting for the Triton pods to be scheduled on GPU nodes and Ready ...",
-            lambda: ready_pods_with_ips(core, ns, selector),
-            options.timeout_s,
-            console,
-            lambda: _kubectl(kubeconfig, "get", "pods,events", "-n", ns, "-o", "wide", check=False),
-        )
-        configmap = core.read_namespaced_config_map(f"{name}-triton-config", ns)
-        config_pbtxt = str((configmap.data or {})["config.pbtxt"])
-        tritons = PodTritons(work / "pods", model, model_files)
-        stack.callback(tritons.stop)
-        ready = {pod: node for pod, (node, _) in found.items()}
-        tritons.sync(ready, config_pbtxt, console, {pod: ip for pod, (_, ip) in found.items()})
-
-        result = _load(tritons, ready, model, example, plan, options, console)
-        _report(console, kubeconfig, ns, name, config_pbtxt, result)
-        console.log(f"demo done in {time.monotonic() - t0:.0f} s")
-        if options.keep:
-            console.print(
-                f"\nthe demo stays up; in another shell:\n  export KUBECONFIG={kubeconfig} "
-                f"PATH={devcluster.bin_dir()}:$PATH\n  kubectl get bm -A\nCtrl-C stops everything."
+def _delete_objects(kubeconfig: Path, made: list[tuple[str, ...]]) -> None:
+    """``kubectl delete`` each object of ``made`` (``kubectl delete`` arguments), newest first, each within
+    :data:`API_DELETE_TIMEOUT_S`. Raises DemoError naming what is left, why, and the commands that delete it."""
+    exe = devcluster.kubectl_path()
+    kubectl = str(exe) if exe.is_file() else (shutil.which("kubectl") or "kubectl")
+    left: list[str] = []
+    why: list[str] = []
+    for obj in (" ".join(o) for o in reversed(made)):
+        flags = ["--ignore-not-found", "--wait=false", f"--request-timeout={API_DELETE_TIMEOUT_S / 2:g}s"]
+        try:
+            # A session of its own: a second Ctrl-C at the terminal must not kill the cleanup's kubectl.
+            r = subprocess.run(
+                [kubectl, f"--kubeconfig={kubeconfig}", "delete", *obj.split(), *flags],
+                capture_output=True,
+                text=True,
+                timeout=API_DELETE_TIMEOUT_S,
+                start_new_session=True,
             )
-            while True:
-                time.sleep(2.0)
-                found = ready_pods_with_ips(core, ns, selector)
-                tritons.sync(
-                    {p: n for p, (n, _) in found.items()},
-                    config_pbtxt,
-                    console,
-                    {p: ip for p, (_, ip) in found.items()},
-                )
-        console.log("stopping what the demo started (tritonservers, operator, control plane or demo objects) ...")
-        return result
+            error = (r.stderr.strip().splitlines() or [f"kubectl exited with {r.returncode}"])[-1]
+        except subprocess.TimeoutExpired:
+            r, error = None, f"no answer in {API_DELETE_TIMEOUT_S:g} s"
+        except OSError as e:
+            r, error = None, str(e)
+        if r is None or r.returncode != 0:
+            left.append(obj)
+            why.append(f"{obj}: {error}")
+    if left:
+        commands = "; ".join(f"kubectl --kubeconfig={kubeconfig} delete {obj}" for obj in left)
+        raise DemoError(f"{', '.join(left)} left ({'; '.join(why)}); to delete them: {commands}")
+
+
+def _remove_work(work: Path, shutdown: Shutdown) -> None:
+    if shutdown.problems:  # its logs (and the control plane's PIDs) say what is left
+        shutdown.console.print(f"kept {work}: not everything could be stopped or deleted", highlight=False)
+        return
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def _load(
@@ -355,14 +477,15 @@ def _load(
         f"Poisson load: {rate:.1f} req/s per pod ({options.load_fraction:.0%} of the planned {capacity:g} req/s) "
         f"for {options.load_seconds:g} s on {len(servers)} pod(s) ..."
     )
-    with console.status(what), ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
-        futures = {
-            pod: pool.submit(
-                run_poisson, s.grpc_url, model, make, rate, duration_s=options.load_seconds, seed=options.seed + i
-            )
-            for i, (pod, s) in enumerate(sorted(servers.items()))
-        }
-        loads = {pod: f.result() for pod, f in futures.items()}
+
+    def job(url: str, seed: int) -> Callable[[], Coroutine[Any, Any, LoadResult]]:
+        arrivals = poisson_arrivals(rate, duration_s=options.load_seconds, seed=seed)
+        return lambda: run_poisson_async(url, model, make, arrivals, rate_rps=rate, duration_s=options.load_seconds)
+
+    with console.status(what):
+        loads = run_cancellable(
+            {pod: job(s.grpc_url, options.seed + i) for i, (pod, s) in enumerate(sorted(servers.items()))}
+        )
     p99 = {pod: summary_quantile_ms(s.metrics_text(), model, 0.99) for pod, s in servers.items()}
     return DemoResult(
         model=model,
@@ -422,16 +545,33 @@ def _report(console: Console, kubeconfig: Path, ns: str, name: str, config: str,
 
 
 def demo_main(options: DemoOptions, console: Console) -> int:
-    """CLI entry: 0 when the SLA was kept, 1 when it was missed or a step failed, 130 on Ctrl-C, 143 on SIGTERM
-    (128 + the signal, as if it had killed the process; `batchfill serve` does the same)."""
+    """CLI entry: 0 when the SLA was kept and everything was cleaned up, 1 when the SLA was missed or a step or the
+    cleanup failed, 130 on Ctrl-C and 143 on SIGTERM, whenever it came, even during the cleanup (128 + the first
+    signal, as if it had killed the process; `batchfill serve` does the same)."""
+    shutdown = Shutdown(console, STOPPING)
+    result: DemoResult | None = None
     try:
-        result = run_demo(options, console)
-    except KeyboardInterrupt as e:
-        console.print("interrupted: everything the demo started has been stopped")
-        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        with shutdown:
+            result = run_demo(options, console, shutdown)
+    except KeyboardInterrupt:
+        pass
     except (DemoError, devcluster.DevClusterError) as e:
         console.print(f"[red]demo failed:[/] {e}", highlight=False)
+    except SystemExit:  # rich's answer to a closed pipe (`demo | tee` and Ctrl-C): the signal decides
+        if not shutdown.interrupted:
+            raise
+    except Exception as e:
+        if not shutdown.interrupted:
+            raise
+        console.print(f"[red]demo failed while interrupted:[/] {type(e).__name__}: {e}", highlight=False)
+    if shutdown.signum is not None:
+        if shutdown.problems:
+            console.print("interrupted: not everything the demo started could be stopped or deleted (see above)")
+        else:
+            console.print("interrupted: everything the demo started has been stopped")
+        return 128 + shutdown.signum
+    if result is None:
         return 1
     summary = {"sla_kept": result.sla_kept, "server_p99_ms": result.server_p99_ms}
     console.print(json.dumps(summary, sort_keys=True), markup=False, highlight=False)
-    return 0 if result.sla_kept else 1
+    return 0 if result.sla_kept and not shutdown.problems else 1

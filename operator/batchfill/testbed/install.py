@@ -25,6 +25,9 @@ from batchfill.testbed import devcluster
 __all__ = ["GROUP", "PLURAL", "VERSION", "install_operator_rbac", "model_volume", "operator_as_service_account"]
 
 OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
+#: The operator (kopf's graceful stop) gets this after SIGTERM before SIGKILL, then OPERATOR_KILL_WAIT_S to exit.
+OPERATOR_STOP_GRACE_S = 30.0
+OPERATOR_KILL_WAIT_S = 10.0
 #: deploy/base minus the operator's own Deployment (the operator runs here as a subprocess, as its ServiceAccount).
 INSTALL_KINDS = frozenset(
     {
@@ -67,25 +70,29 @@ def install_operator_rbac(kubeconfig: Path, work: Path) -> None:
 def operator_as_service_account(
     kubeconfig: Path, work: Path, log_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``batchfill run`` with a token of the install's ServiceAccount (its RBAC, not the admin's); stopped on exit."""
+    """``batchfill run`` with a token of the install's ServiceAccount (its RBAC, not the admin's); stopped on exit:
+    SIGTERM, SIGKILL after :data:`OPERATOR_STOP_GRACE_S`, then :data:`OPERATOR_KILL_WAIT_S` for it to exit
+    (``subprocess.TimeoutExpired`` if it does not)."""
     sa_config = devcluster.service_account_kubeconfig(kubeconfig, OPERATOR_NS, OPERATOR_SA, work / "sa.kubeconfig")
     full_env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0", **(env or {}))
     with log_path.open("wb") as log_file:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "batchfill.cli", "run", *args],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-        )
+        operator: subprocess.Popen[bytes] | None = None
         try:
+            operator = subprocess.Popen(
+                [sys.executable, "-m", "batchfill.cli", "run", *args],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+            )
             yield operator
         finally:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait()
+            if operator is not None:
+                operator.terminate()
+                try:
+                    operator.wait(timeout=OPERATOR_STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    operator.kill()
+                    operator.wait(timeout=OPERATOR_KILL_WAIT_S)
 
 
 def model_volume(ns: str, name: str, path: Path) -> list[dict[str, Any]]:

@@ -42,6 +42,10 @@ from batchfill.testbed.process import (
     tail_errors,
 )
 
+#: Seconds :meth:`LocalTriton.stop` waits for the server to exit after SIGKILL (``Process.stop``), and for its
+#: Python-backend stubs to follow it; with ``stop_grace_s`` they bound how long a stop takes.
+KILL_WAIT_S = 10.0
+STUB_REAP_S = 5.0
 # A Triton log line of severity E: "E1129 12:53:21.892942 15207 file.cc:1460] ..."
 _ERROR_LINE = re.compile(r"^E\d{4} ")
 
@@ -354,7 +358,7 @@ class LocalTriton(LocalServer):
         """SIGTERM, wait ``stop_grace_s``, then SIGKILL the server's process group. Returns the exit code."""
         process, self._process = self._process, None
         # Python-backend stubs normally exit with the server; reap any that did not.
-        code = process.stop(self.stop_grace_s, reap_s=5.0) if process is not None else None
+        code = process.stop(self.stop_grace_s, reap_s=STUB_REAP_S) if process is not None else None
         if self._own_log_dir is not None and self._was_ready and code == 0 and not self.keep_log:
             # A log we chose the place of, of a run that went well: nobody will read it.
             shutil.rmtree(self._own_log_dir, ignore_errors=True)

@@ -39,7 +39,7 @@ from batchfill.testbed.devcluster.cluster import (
     restart_components,
     running_cluster,
 )
-from batchfill.testbed.devcluster.components import COMPONENTS, POD_CIDR, SERVICE_CIDR
+from batchfill.testbed.devcluster.components import COMPONENTS, POD_CIDR, SERVICE_CIDR, STOP_TIMEOUT_S
 from batchfill.testbed.devcluster.kubeconfig import (
     api_client,
     kubectl,
@@ -77,6 +77,7 @@ __all__ = [
     "SERVICE_CIDR",
     "SOURCE_ROOT",
     "STATE_FILE",
+    "STOP_TIMEOUT_S",
     "BinariesUnavailableError",
     "ClusterInfo",
     "DevClusterError",

@@ -33,7 +33,12 @@ SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 # Clients first, so the API server's graceful shutdown has no watches to drain; etcd last.
 STOP_STAGES = (("kwok", "kube-controller-manager", "kube-scheduler"), ("kube-apiserver",), ("etcd",))
+#: Seconds a stage waits after SIGTERM before SIGKILL to the process groups, and after SIGKILL.
 STOP_GRACE_S = 15.0
+KILL_WAIT_S = 10.0
+#: The longest :func:`stop_components` (``cluster_down``, a failed ``cluster_up``) takes, in seconds: components
+#: outside the stages, then each stage.
+STOP_TIMEOUT_S = (len(STOP_STAGES) + 1) * (STOP_GRACE_S + KILL_WAIT_S)
 
 
 def _help_has(binary: Path, flag: str) -> bool:
@@ -133,7 +138,7 @@ def stop_components(processes: Mapping[str, Process]) -> list[str]:
     unstaged = [n for n in processes if n not in staged]
     survivors: list[str] = []
     for names in (unstaged, *([n for n in stage if n in processes] for stage in STOP_STAGES)):
-        left = stop_all([processes[n] for n in names], STOP_GRACE_S)
+        left = stop_all([processes[n] for n in names], STOP_GRACE_S, kill_wait_s=KILL_WAIT_S)
         survivors += [n for n in names if processes[n] in left]
     return survivors
 
