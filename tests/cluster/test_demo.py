@@ -1,8 +1,9 @@
 """`batchfill demo`, the README's first command, run as a user runs it: a subprocess with its own control plane.
 
 It starts its own dev cluster (not the session's), so it needs the built binaries but not the ``kube`` fixture.
-Checked: exit code, what it prints for the user (printer columns, the derived config, pods on GPU nodes, the
-real tritonserver's p99 against T), and that nothing it started survives the end of the run or Ctrl-C.
+Checked: exit code, what it prints for the user (the profile measured on this machine next to the declared one,
+the plan and load sized from it, printer columns, the derived config, pods on GPU nodes, the real tritonserver's
+p99 against T), and that nothing it started survives the end of the run or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from batchfill.api.spec import ProfilePoint
+from batchfill.api.validate import load_model
+from batchfill.cli.demo import EXAMPLE
+from batchfill.policy.plan import plan_batching
 from batchfill.testbed import devcluster
 
 from .conftest import USE_EXISTING
@@ -58,6 +64,18 @@ def _read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> s
     return "".join(lines)
 
 
+def _measured_profile(out: str) -> dict[int, float]:
+    """The demo's table of the profile measured on this machine: batch size -> measured ms (declared ms checked)."""
+    declared = {1: 28.2, 2: 52.9, 4: 105.7, 8: 224.8, 16: 533.0}  # deploy/examples/ocr-recognizer.yaml
+    start = out.index("declared ms")
+    table = out[start : out.index("└", start)]
+    rows = re.findall(r"│\s*(\d+)\s*│\s*([0-9.]+)\s*│\s*([0-9.]+)\s*│\s*([0-9.]+)\s*│", table)
+    assert {int(b): float(d) for b, d, _, _ in rows} == declared, out
+    measured = {int(b): float(m) for b, _, m, _ in rows}
+    assert all(ms > 0 for ms in measured.values()), out
+    return measured
+
+
 def _survivors(run_dir: Path) -> list[str]:
     """Processes whose command line or KUBECONFIG mentions ``run_dir`` (tritonservers, etcd, the operator...)."""
     found = []
@@ -97,6 +115,25 @@ def test_demo_serves_the_example_within_its_sla_and_cleans_up(tmp_path: Path) ->
     match = re.search(r"SLA kept: worst server p99 ([0-9.]+) ms against T = 450 ms", out)
     assert match, out
     assert 0 < float(match.group(1)) <= 450
+    # the profile measured here, next to the declared one, is what the operator planned and the load was sized from
+    measured = _measured_profile(out)
+    assert sorted(measured) == [1, 2, 4, 8, 16], out
+    assert "with the profile measured here" in out, out
+    plan = re.search(r"capacity at SLA ([0-9.]+) req/s per replica .* λ = 70% of it = ([0-9.]+) req/s", out)
+    assert plan, out
+    capacity, rate = float(plan.group(1)), float(plan.group(2))
+    assert rate == pytest.approx(0.7 * capacity, abs=0.051)  # printed to 0.1
+    spec = load_model(yaml.safe_load(EXAMPLE.read_text())).spec
+    profile = [ProfilePoint(batchSize=b, latencyMs=ms) for b, ms in sorted(measured.items())]
+    local = plan_batching(spec.model_copy(update={"profile": profile})).to_status()
+    assert capacity == pytest.approx(local.capacityPerReplicaRps, rel=0.03), (capacity, local)
+    assert f"max_batch_size: {local.maxBatchSize}\n" in out, (local, out)
+    # the load table: the Poisson rate next to what was sent per second of the 8 s
+    cell = r"\s*([0-9.]+)\s*│"
+    row = re.search(rf"│\s*text-recognizer-triton-\S+\s*│{cell}{cell}{cell}\s*(\d+)/0\s*│", out)
+    assert row, out
+    assert float(row.group(1)) == pytest.approx(rate, abs=0.001)
+    assert float(row.group(2)) == pytest.approx(int(row.group(4)) / 8, abs=0.051)
     # nothing left behind
     assert _wait_gone(run_dir) == []
     assert list(run_dir.iterdir()) == [], "the demo left its working directory behind"
