@@ -479,21 +479,22 @@ def measure_example_profile(
     log = work / "tritonserver.log"
     triton = LocalTriton(work / "models", log_path=log, startup_timeout_s=180)
     t0 = time.monotonic()
-    try:  # start() inside: an interrupt while it waits for readiness must stop the server it spawned too
-        with console.status(f"starting a tritonserver to measure {model} on this machine ..."):
-            triton.start()
-        client = connect(triton.http_url)
-        try:
-            info = read_model_info(client, triton.http_url, model)
-            make = input_maker(info, triton.http_url, seed=seed)
-            with console.status(f"measuring the execution latency of {model} for batch sizes {sizes} ..."):
-                measured = _measure_in_rounds(client, info, make, sizes)
+    with _interrupt_not_printed_by_gevent():
+        try:  # start() inside: an interrupt while it waits for readiness must stop the server it spawned too
+            with console.status(f"starting a tritonserver to measure {model} on this machine ..."):
+                triton.start()
+            client = connect(triton.http_url)
+            try:
+                info = read_model_info(client, triton.http_url, model)
+                make = input_maker(info, triton.http_url, seed=seed)
+                with console.status(f"measuring the execution latency of {model} for batch sizes {sizes} ..."):
+                    measured = _measure_in_rounds(client, info, make, sizes)
+            finally:
+                client.close()
+        except (TritonStartError, ProfileError) as e:
+            raise DemoError(f"measuring the profile of {model} failed: {e}\ntritonserver log {log}") from None
         finally:
-            client.close()
-    except (TritonStartError, ProfileError) as e:
-        raise DemoError(f"measuring the profile of {model} failed: {e}\ntritonserver log {log}") from None
-    finally:
-        triton.stop()
+            triton.stop()
     points = profile_points(measured, DEFAULT_QUANTILE)
     console.log(
         f"measured {model} on this machine in {time.monotonic() - t0:.0f} s: p{DEFAULT_QUANTILE * 100:g} of "
@@ -501,6 +502,21 @@ def measure_example_profile(
     )
     _profile_table(console, declared, {p["batchSize"]: p["latencyMs"] for p in points})
     return points
+
+
+@contextlib.contextmanager
+def _interrupt_not_printed_by_gevent() -> Iterator[None]:
+    """While inside, gevent's hub (tritonclient.http's event loop) passes Ctrl-C and SIGTERM on without printing
+    them first, as `batchfill serve` has it (cli/main.py); the interrupt still reaches the caller."""
+    import gevent
+
+    hub = gevent.get_hub()
+    not_error = hub.NOT_ERROR
+    hub.NOT_ERROR = (*not_error, KeyboardInterrupt)
+    try:
+        yield
+    finally:
+        hub.NOT_ERROR = not_error
 
 
 def _measure_in_rounds(
