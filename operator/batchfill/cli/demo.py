@@ -83,9 +83,9 @@ CLAIM = "triton-models"
 #: onnxruntime's one-time allocations (the first batch of 1 took about twice a warm one on a 2-core machine).
 PROFILE_WARMUP = 1
 #: Measured executions per batch size. With ``batchfill profile``'s p90 (numpy's "higher" quantile) of ten
-#: executions the profile is the slowest of them: on a busy machine, the side to err on for a p99 SLA. Ten
-#: executions of the example's batch sizes 1, 2, 4, 8 and 16, plus the warm-up, took 12-25 s on a shared
-#: 2-core machine (about 35-70 ms per sample).
+#: executions the profile is the slowest of them: on a busy machine, the side to err on for a p99 SLA. Eleven
+#: executions of each of the example's batch sizes 1, 2, 4, 8 and 16 (341 samples) took 12-38 s on a 2-core
+#: machine shared with other work, depending on how busy it was.
 PROFILE_REPEATS = 10
 
 
