@@ -1,10 +1,11 @@
 """`batchfill demo`, the README's first command, run as a user runs it: a subprocess with its own control plane.
 
 It starts its own dev cluster (not the session's), so it needs the built binaries but not the ``kube`` fixture.
-Checked: exit code, what it prints for the user (printer columns, the derived config, pods on GPU nodes, the
-real tritonserver's p99 against T), and that nothing it started survives the end of the run or Ctrl-C: at any
-step, with SIGINT inherited as ignored (a background job of a script, as `make test &` runs), with a second
-Ctrl-C during the cleanup, and with its API server hanging, within the stop timeouts the demo documents.
+Checked: exit code, what it prints for the user (the profile measured on this machine next to the declared one,
+the plan and load sized from it, printer columns, the derived config, pods on GPU nodes, the real tritonserver's
+p99 against T), and that nothing it started survives the end of the run or Ctrl-C: at any step, with SIGINT
+inherited as ignored (a background job of a script, as `make test &` runs), with a second Ctrl-C during the
+cleanup, and with its API server hanging, within the stop timeouts the demo documents.
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from batchfill.api.reasons import EventReason
+from batchfill.api.spec import ProfilePoint
+from batchfill.api.validate import load_model
 from batchfill.cli import demo
+from batchfill.cli.demo import EXAMPLE
+from batchfill.policy.plan import plan_batching
 from batchfill.testbed import devcluster
 
 from .conftest import USE_EXISTING
@@ -130,6 +136,18 @@ class Demo:
                 os.kill(pid, signal.SIGKILL)
 
 
+def _measured_profile(out: str) -> dict[int, float]:
+    """The demo's table of the profile measured on this machine: batch size -> measured ms (declared ms checked)."""
+    declared = {1: 28.2, 2: 52.9, 4: 105.7, 8: 224.8, 16: 533.0}  # deploy/examples/ocr-recognizer.yaml
+    start = out.index("declared ms")
+    table = out[start : out.index("└", start)]
+    rows = re.findall(r"│\s*(\d+)\s*│\s*([0-9.]+)\s*│\s*([0-9.]+)\s*│\s*([0-9.]+)\s*│", table)
+    assert {int(b): float(d) for b, d, _, _ in rows} == declared, out
+    measured = {int(b): float(m) for b, _, m, _ in rows}
+    assert all(ms > 0 for ms in measured.values()), out
+    return measured
+
+
 @pytest.fixture
 def demos() -> Iterator[list[Demo]]:
     """Demos started by a test; stopped, with everything of their runs, whatever the test's outcome."""
@@ -218,6 +236,25 @@ def test_demo_serves_the_example_within_its_sla_and_cleans_up(tmp_path: Path, de
     match = re.search(r"SLA kept: worst server p99 ([0-9.]+) ms against T = 450 ms", out)
     assert match, out
     assert 0 < float(match.group(1)) <= 450
+    # the profile measured here, next to the declared one, is what the operator planned and the load was sized from
+    measured = _measured_profile(out)
+    assert sorted(measured) == [1, 2, 4, 8, 16], out
+    assert "with the profile measured here" in out, out
+    plan = re.search(r"capacity at SLA ([0-9.]+) req/s per replica .* λ = 70% of it = ([0-9.]+) req/s", out)
+    assert plan, out
+    capacity, rate = float(plan.group(1)), float(plan.group(2))
+    assert rate == pytest.approx(0.7 * capacity, abs=0.051)  # printed to 0.1
+    spec = load_model(yaml.safe_load(EXAMPLE.read_text())).spec
+    profile = [ProfilePoint(batchSize=b, latencyMs=ms) for b, ms in sorted(measured.items())]
+    local = plan_batching(spec.model_copy(update={"profile": profile})).to_status()
+    assert capacity == pytest.approx(local.capacityPerReplicaRps, rel=0.03), (capacity, local)
+    assert f"max_batch_size: {local.maxBatchSize}\n" in out, (local, out)
+    # the load table: the Poisson rate next to what was sent per second of the 8 s
+    cell = r"\s*([0-9.]+)\s*│"
+    row = re.search(rf"│\s*text-recognizer-triton-\S+\s*│{cell}{cell}{cell}\s*(\d+)/0\s*│", out)
+    assert row, out
+    assert float(row.group(1)) == pytest.approx(rate, abs=0.001)
+    assert float(row.group(2)) == pytest.approx(int(row.group(4)) / 8, abs=0.051)
     # nothing left behind
     assert _wait_gone(run_dir) == []
     assert list(run_dir.iterdir()) == [], "the demo left its working directory behind"

@@ -4,12 +4,15 @@
    nodes advertising ``nvidia.com/gpu`` (or an existing cluster named by ``--kubeconfig``, e.g. kind);
 2. the CRD and the operator's RBAC from ``deploy/base`` (server-side apply, as a user would);
 3. the operator (``batchfill run``) as its ServiceAccount, with a token: the install's RBAC, not an admin;
-4. a PersistentVolume holding the real model (PP-OCRv4 text recognizer) and ``kubectl apply`` of the example
-   BatchedModel (``deploy/examples/ocr-recognizer.yaml``, the deployable copy of ``examples/``);
+4. a PersistentVolume holding the real model (PP-OCRv4 text recognizer); the model's execution latency per batch
+   size measured on this machine with one local tritonserver, as ``batchfill profile`` measures it; ``kubectl
+   apply`` of the example BatchedModel (``deploy/examples/ocr-recognizer.yaml``, the deployable copy of
+   ``examples/``) with that measured profile in place of the declared one (measured on another machine);
 5. for every Ready Triton pod (a kwok pod: no container runs) one real tritonserver on 127.0.0.1 with the
    model repository assembled as the pod's init container does: the model files from the volume plus the
    ``config.pbtxt`` the operator wrote into the ConfigMap (instance group moved to ``KIND_CPU``: no GPU here);
-6. Poisson load on those servers at a fraction of the planned capacity, and Triton's own p99 against the SLA;
+6. Poisson load on those servers at a fraction of the capacity planned from the measured profile, and Triton's
+   own p99 against the SLA;
 7. what a user checks: ``kubectl get bm``, the rendered config, the pods on GPU nodes, the events.
 
 Everything started is stopped on exit, on Ctrl-C and on SIGTERM, whatever step the demo is at, in at most
@@ -39,10 +42,22 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from batchfill.adapters.profiler import (
+    ModelInfo,
+    ProfileError,
+    SizeMeasurement,
+    connect,
+    input_maker,
+    measure,
+    read_model_info,
+)
 from batchfill.adapters.triton_stats import summary_quantile_ms
 from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.api.validate import load_model
+from batchfill.cli.profile import DEFAULT_QUANTILE, profile_points
+from batchfill.cli.serve import _profile_table, provisional_plan
 from batchfill.cli.shutdown import CHILD_GRACE_S, Shutdown, Terminated, run_cancellable
-from batchfill.render import config_on_cpu, config_with_parameters
+from batchfill.render import config_on_cpu, config_with_parameters, render_model_config
 from batchfill.render.kube import GRPC_PORT, HTTP_PORT, METRICS_PORT, MODEL_LABEL
 from batchfill.testbed import devcluster, triton_local
 from batchfill.testbed.install import (
@@ -59,7 +74,7 @@ from batchfill.testbed.install import kubectl_stdout as _kubectl
 from batchfill.testbed.install import server_side_apply as _apply
 from batchfill.testbed.loadgen import LoadResult, grpc_fp32_input, poisson_arrivals, run_poisson_async
 from batchfill.testbed.model_repo import write_model
-from batchfill.testbed.triton_local import LocalTriton
+from batchfill.testbed.triton_local import LocalTriton, TritonStartError
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "deploy" / "examples" / "ocr-recognizer.yaml"
@@ -75,6 +90,14 @@ API_DELETE_TIMEOUT_S = 10.0
 #: Local work: closing the API client, removing the working directory.
 LOCAL_STEP_S = 5.0
 STOPPING = "stopping what the demo started: tritonservers, operator, control plane or demo objects"
+#: Unmeasured requests per batch size before the measured ones: the first execution of a new input shape pays
+#: onnxruntime's one-time allocations (the first batch of 1 took about twice a warm one on a 2-core machine).
+PROFILE_WARMUP = 1
+#: Measured executions per batch size. With ``batchfill profile``'s p90 (numpy's "higher" quantile) of ten
+#: executions the profile is the slowest of them: on a busy machine, the side to err on for a p99 SLA. Eleven
+#: executions of each of the example's batch sizes 1, 2, 4, 8 and 16 (341 samples) took 12-38 s on a 2-core
+#: machine shared with other work, depending on how busy it was.
+PROFILE_REPEATS = 10
 
 
 class DemoError(RuntimeError):
@@ -307,8 +330,10 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     example = yaml.safe_load(EXAMPLE.read_text())
     ns, name = example["metadata"]["namespace"], example["metadata"]["name"]
     model = example["spec"]["model"]["name"]
+    measured = measure_example_profile(example, work / "profile", console, seed=options.seed)
+    example = with_profile(example, measured)
     model_files = _deploy_example(kubeconfig, work, example, made)
-    console.log(f"kubectl apply --server-side -f {EXAMPLE.relative_to(ROOT)}")
+    console.log(f"kubectl apply --server-side -f {EXAMPLE.relative_to(ROOT)}, with the profile measured here")
 
     from kubernetes import client
 
@@ -351,7 +376,8 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
 
 
 def _deploy_example(kubeconfig: Path, work: Path, example: dict[str, Any], made: list[tuple[str, ...]] | None) -> Path:
-    """The model volume and the example BatchedModel, applied as a user would; on an existing cluster their
+    """The model volume and the example BatchedModel (``example``, with the profile measured here), applied as a
+    user would; on an existing cluster their
     ``kubectl delete`` arguments go to ``made``. Returns the volume's directory (the model files)."""
     ns, name = example["metadata"]["namespace"], example["metadata"]["name"]
     model_files = work / "volume"
@@ -362,7 +388,9 @@ def _deploy_example(kubeconfig: Path, work: Path, example: dict[str, Any], made:
     _kubectl(kubeconfig, "apply", "--server-side", "-f", str(ROOT / "deploy" / "examples" / "namespaces.yaml"))
     if made is not None:  # an existing cluster keeps its CRD and RBAC; the demo's objects go
         made += [("pv", f"{CLAIM}-{ns}-{name}"), ("pvc", "-n", ns, CLAIM), ("bm", "-n", ns, name)]
-    _kubectl(kubeconfig, "apply", "--server-side", "-f", str(EXAMPLE))
+    applied = work / EXAMPLE.name
+    applied.write_text(yaml.safe_dump(example, sort_keys=False))
+    _kubectl(kubeconfig, "apply", "--server-side", "-f", str(applied))
     return model_files
 
 
@@ -458,6 +486,105 @@ def _remove_work(work: Path, shutdown: Shutdown) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
+def measure_example_profile(
+    example: Mapping[str, Any], work: Path, console: Console, *, seed: int = 0
+) -> list[dict[str, Any]]:
+    """``spec.profile`` of the example model as measured on this machine, what a user gets from ``batchfill profile``.
+
+    One local tritonserver serves the model with a config that accepts every batch size of the declared profile
+    (:func:`batchfill.cli.serve.provisional_plan`, ``KIND_CPU``); :func:`batchfill.adapters.profiler.measure`
+    sends :data:`PROFILE_WARMUP` then :data:`PROFILE_REPEATS` requests of each size, one at a time and in rounds
+    (:func:`_measure_in_rounds`), and reads each execution's latency from Triton's statistics (compute input +
+    infer + output, no transport or queueing). The profile value is ``batchfill profile``'s default quantile
+    (p90) of those executions, not their mean as ``batchfill serve`` takes: the plan treats ``l(b)`` as the
+    latency of every execution, so a mean would plan as if the slow executions of a busy machine did not happen.
+    The declared and measured profiles are printed side by side; the server is stopped (and ``work`` left for the
+    caller to remove) however this ends.
+
+    Args:
+        example: the example BatchedModel document (``spec.profile`` gives the batch sizes measured).
+        work: a new directory for the model repository and the server log.
+
+    Returns:
+        ``[{"batchSize": b, "latencyMs": ms}, ...]``, increasing in ``b``.
+
+    Raises:
+        DemoError: tritonserver did not start or the measurement failed (with the server log's path).
+    """
+    spec = load_model(example).spec
+    model = spec.model.name
+    declared = {p.batchSize: p.latencyMs for p in spec.profile or []}
+    sizes = sorted(declared) or [1, 2, 4, 8, 16]  # serve's sizes for a model without a profile
+    config = render_model_config(spec, provisional_plan(spec, sizes), instance_kind="KIND_CPU")
+    write_model(work / "models", model, config, EXAMPLE_MODEL)
+    log = work / "tritonserver.log"
+    triton = LocalTriton(work / "models", log_path=log, startup_timeout_s=180)
+    t0 = time.monotonic()
+    with _interrupt_not_printed_by_gevent():
+        try:  # start() inside: an interrupt while it waits for readiness must stop the server it spawned too
+            with console.status(f"starting a tritonserver to measure {model} on this machine ..."):
+                triton.start()
+            client = connect(triton.http_url)
+            try:
+                info = read_model_info(client, triton.http_url, model)
+                make = input_maker(info, triton.http_url, seed=seed)
+                with console.status(f"measuring the execution latency of {model} for batch sizes {sizes} ..."):
+                    measured = _measure_in_rounds(client, info, make, sizes)
+            finally:
+                client.close()
+        except (TritonStartError, ProfileError) as e:
+            raise DemoError(f"measuring the profile of {model} failed: {e}\ntritonserver log {log}") from None
+        finally:
+            triton.stop()
+    points = profile_points(measured, DEFAULT_QUANTILE)
+    console.log(
+        f"measured {model} on this machine in {time.monotonic() - t0:.0f} s: p{DEFAULT_QUANTILE * 100:g} of "
+        f"{PROFILE_REPEATS} executions per batch size after {PROFILE_WARMUP} warm-up"
+    )
+    _profile_table(console, declared, {p["batchSize"]: p["latencyMs"] for p in points})
+    return points
+
+
+@contextlib.contextmanager
+def _interrupt_not_printed_by_gevent() -> Iterator[None]:
+    """While inside, gevent's hub (tritonclient.http's event loop) passes Ctrl-C and SIGTERM on without printing
+    them first, as `batchfill serve` has it (cli/main.py); the interrupt still reaches the caller."""
+    import gevent
+
+    hub = gevent.get_hub()
+    not_error = hub.NOT_ERROR
+    hub.NOT_ERROR = (*not_error, KeyboardInterrupt)
+    try:
+        yield
+    finally:
+        hub.NOT_ERROR = not_error
+
+
+def _measure_in_rounds(
+    client: Any, info: ModelInfo, make: Callable[[int], list[Any]], sizes: list[int]
+) -> list[SizeMeasurement]:
+    """:data:`PROFILE_REPEATS` rounds of one execution of every size (the warm-up in the first), merged per size.
+
+    :func:`batchfill.adapters.profiler.measure` runs a size's executions back to back: the ten of batch 1 take
+    0.3 s and catch the machine's load of that moment only (on a shared machine it changes from second to
+    second; measured here: batch 1 at 0.77 of the declared latency, batch 16, measured seconds later, at 1.88).
+    In rounds, every size is sampled across the whole measurement, so each quantile sees the same load.
+    """
+    rounds = [
+        measure(client, info, make, sizes, warmup=PROFILE_WARMUP if i == 0 else 0, repeats=1)
+        for i in range(PROFILE_REPEATS)
+    ]
+    return [
+        SizeMeasurement(b, tuple(ms for r in rounds for m in r if m.batch_size == b for ms in m.executions_ms))
+        for b in sizes
+    ]
+
+
+def with_profile(doc: Mapping[str, Any], profile: list[dict[str, Any]]) -> dict[str, Any]:
+    """A copy of the BatchedModel document ``doc`` whose ``spec.profile`` is ``profile``; nothing else differs."""
+    return {**doc, "spec": {**doc["spec"], "profile": [dict(p) for p in profile]}}
+
+
 def _load(
     tritons: PodTritons,
     ready: dict[str, str],
@@ -467,9 +594,20 @@ def _load(
     options: DemoOptions,
     console: Console,
 ) -> DemoResult:
-    """Poisson load at ``load_fraction`` of the planned capacity on every pod's tritonserver at once."""
+    """Poisson load at ``load_fraction`` of the planned capacity on every pod's tritonserver at once.
+
+    ``plan`` is the operator's ``status.plan``, planned from the profile the demo applied (measured here).
+    """
     capacity = float(plan["capacityPerReplicaRps"])
     rate = options.load_fraction * capacity
+    console.log(
+        f"the operator's plan from the measured profile: max_batch_size {plan['maxBatchSize']}, preferred "
+        f"{plan['preferredBatchSizes']}, max_queue_delay_microseconds {plan['maxQueueDelayMicroseconds']}"
+    )
+    console.log(
+        f"capacity at SLA {capacity:g} req/s per replica (predicted p99 {plan['predictedP99Ms']:g} ms <= T "
+        f"{plan['serverBudgetMs']:g} ms): Poisson load λ = {options.load_fraction:.0%} of it = {rate:.1f} req/s"
+    )
     first = example["spec"]["model"]["inputs"][0]
     make = grpc_fp32_input(first["name"], first["dims"], seed=options.seed)
     servers = dict(tritons.servers)
@@ -525,23 +663,35 @@ def _report(console: Console, kubeconfig: Path, ns: str, name: str, config: str,
         "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message",
     )
     console.print(events, markup=False, highlight=False)
-    table = Table(title="real tritonserver per Ready pod, under Poisson load")
-    for col in ("pod", "offered req/s", "achieved req/s", "sent/failed", "server p99 ms", "client p99 ms", "T ms"):
+    console.print(load_table(result))
+    verdict = "[green]SLA kept[/green]" if result.sla_kept else "[red]SLA missed[/red]"
+    worst = max((p for p in result.server_p99_ms.values() if p is not None), default=None)
+    console.print(f"{verdict}: worst server p99 {_fmt(worst)} ms against T = {result.server_budget_ms:g} ms")
+
+
+def load_table(result: DemoResult) -> Table:
+    """Per pod: the Poisson rate λ asked for and what was sent and answered per second over the load's duration
+    (a seeded draw of arrivals differs from λ·duration: 292 arrivals in 15 s for λ = 22.3 req/s), the counts,
+    Triton's and the client's p99 and the budget T (ms)."""
+    table = Table(
+        title="real tritonserver per Ready pod, under Poisson load",
+        caption="λ: Poisson rate asked for; sent, achieved: requests sent, answered, per second of load",
+    )
+    columns = ("pod", "λ req/s", "sent req/s", "achieved req/s", "sent/failed", "server p99 ms", "client p99 ms")
+    for col in (*columns, "T ms"):
         table.add_column(col, justify="right")
     for pod, r in sorted(result.loads.items()):
         table.add_row(
             pod,
             f"{r.rate_rps:.1f}",
+            f"{r.sent / r.duration_s:.1f}" if r.duration_s > 0 else "n/a",
             f"{r.achieved_rate_rps:.1f}",
             f"{r.sent}/{r.failed}",
             _fmt(result.server_p99_ms.get(pod)),
             _fmt(r.p99_ms),
             f"{result.server_budget_ms:g}",
         )
-    console.print(table)
-    verdict = "[green]SLA kept[/green]" if result.sla_kept else "[red]SLA missed[/red]"
-    worst = max((p for p in result.server_p99_ms.values() if p is not None), default=None)
-    console.print(f"{verdict}: worst server p99 {_fmt(worst)} ms against T = {result.server_budget_ms:g} ms")
+    return table
 
 
 def demo_main(options: DemoOptions, console: Console) -> int:
