@@ -6,6 +6,7 @@ They run against the local dev cluster, or against an existing cluster with ``BA
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from pathlib import Path
 
@@ -149,4 +150,44 @@ def test_cluster_up_reuses_the_running_cluster(kube: Kube) -> None:
     assert again.reused
     assert again.pids == kube.info.pids
     assert again.server == kube.info.server
+    assert again.pod_block == kube.info.pod_block  # the pods keep their addresses
     assert devcluster.cluster_status(kube.info.run_dir) is not None
+
+
+def _pod_ip(kube: Kube, ns: str) -> str:
+    """The pod IP of a new pause pod in ``ns`` once kwok has given it one."""
+    kube.apps.create_namespaced_deployment(ns, pause_deployment("ip", 1))
+
+    def ip() -> str | None:
+        return next((p.status.pod_ip for p in pods_of(kube, ns, "app=ip") if p.status.pod_ip), None)
+
+    return wait_for(f"a pod IP in namespace {ns}", ip, timeout_s=60)
+
+
+def test_a_second_dev_cluster_gives_its_pods_ips_in_another_block(kube: Kube, tmp_path: Path) -> None:
+    """Two dev clusters on one machine (a demo next to the tests): pods' tritonservers listen on the pod IPs,
+    so the clusters' pod address blocks must differ."""
+    if kube.existing or kube.info is None:
+        pytest.skip("only for the local dev cluster")
+    run = tmp_path / "second-cluster"
+    try:
+        second = devcluster.cluster_up(run, 1, 1, quiet=True, build=False, die_with_parent=True)
+        assert second.pod_block
+        assert second.pod_block != kube.info.pod_block
+        claims = devcluster.claimed_pod_blocks()
+        assert claims.get(ipaddress.IPv4Network(kube.info.pod_block)) == kube.info.run_dir
+        assert claims.get(ipaddress.IPv4Network(second.pod_block)) == second.run_dir
+        with temp_namespace(kube, "bf-block-") as ns:
+            first_ip = _pod_ip(kube, ns)
+        other = Kube(kubeconfig=second.kubeconfig, existing=False, info=second)
+        try:
+            second_ip = _pod_ip(other, "default")
+        finally:
+            other.close()
+    finally:
+        devcluster.cluster_down(run, quiet=True)
+    assert ipaddress.ip_address(first_ip) in ipaddress.ip_network(kube.info.pod_block)
+    assert ipaddress.ip_address(second_ip) in ipaddress.ip_network(second.pod_block)
+    assert not run.exists()
+    assert ipaddress.IPv4Network(second.pod_block) not in devcluster.claimed_pod_blocks()  # released by down
+    assert ipaddress.IPv4Network(kube.info.pod_block) in devcluster.claimed_pod_blocks()

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import concurrent.futures
+import http.server
 import itertools
+import re
+import socket
+import threading
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +27,7 @@ from batchfill.api.status import PlanStatus
 from batchfill.render import render_model_config
 from batchfill.testbed.loadgen import GENERATOR_LAG_LIMIT_MS, grpc_fp32_input, run_poisson
 from batchfill.testbed.model_repo import write_model
-from batchfill.testbed.process import process_group_alive
+from batchfill.testbed.process import free_ports, process_group_alive
 from batchfill.testbed.triton_local import LocalTriton, TritonStartError
 
 from .conftest import SLEEP_DIMS, SLEEP_INPUT, http_fp32_inputs, load_model, sleep_config_pb, with_parameters
@@ -299,3 +304,54 @@ def test_context_manager_stops_the_server_and_its_stubs(tmp_path: Path) -> None:
         assert server.http_client().is_model_ready("m")
     assert not process_group_alive(pid)
     assert server.pid is None
+
+
+def test_a_fixed_port_in_use_fails_the_start_naming_the_address(tmp_path: Path) -> None:
+    host = "127.44.0.2"  # a pod IP, as the dev cluster's pods have
+    with socket.socket() as taken:
+        taken.bind((host, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        http, grpc = free_ports(2, host)
+        server = LocalTriton(tmp_path, host=host, http_port=http, grpc_port=grpc, metrics_port=port)
+        with pytest.raises(TritonStartError, match=re.escape(f"{host}:{port} (metrics) is already in use")):
+            server.start()
+        assert not server.is_running()
+
+
+class _ReadyEverywhere(http.server.BaseHTTPRequestHandler):
+    """Another server: 200 to every GET, as a tritonserver of another cluster answers /v2/health/ready."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("taken", ["HTTP", "metrics"])
+def test_a_server_another_one_answers_for_never_counts_as_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taken: str
+) -> None:
+    """The other server binds after the fixed ports were checked (a race the check cannot close): tritonserver
+    cannot bind, and the start fails naming the address instead of returning while another server answers there
+    (HTTP: it answers the readiness probe) or while this one is about to exit (metrics: bound last)."""
+    monkeypatch.setattr(LocalTriton, "_check_fixed_ports_free", lambda self: None)
+    host = "127.44.0.3"
+    ports = dict(zip(("HTTP", "gRPC", "metrics"), free_ports(3, host), strict=True))
+    other = http.server.HTTPServer((host, ports[taken]), _ReadyEverywhere)
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    try:
+        server = LocalTriton(tmp_path, host=host, http_port=ports["HTTP"], grpc_port=ports["gRPC"],
+                             metrics_port=ports["metrics"], startup_timeout_s=60,
+                             log_path=tmp_path / "tritonserver.log")  # fmt: skip
+        with pytest.raises(TritonStartError, match=re.escape(f"{host}:{ports[taken]}")):
+            server.start()
+        assert not server.is_running()
+        with urllib.request.urlopen(f"http://{host}:{ports[taken]}/", timeout=5) as r:
+            assert r.status == 200  # the other server was left alone
+    finally:
+        other.shutdown()
+        other.server_close()

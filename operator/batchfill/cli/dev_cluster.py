@@ -18,6 +18,7 @@ def _print_info(info: devcluster.ClusterInfo, out: Console) -> None:
     out.print(f"kubeconfig: {info.kubeconfig}")
     out.print(f"kubectl:    {info.kubectl}")
     out.print(f"run dir:    {info.run_dir}   (logs in logs/, PIDs in {devcluster.STATE_FILE})")
+    out.print(f"pod IPs:    {info.pod_block}")
     with devcluster.api_client(info.kubeconfig) as api:
         items: list[Any] = client.CoreV1Api(api).list_node().items
         for n in items:

@@ -13,6 +13,12 @@ one Python-backend stub per CPython version. Two things make it work outside a c
 Every socket binds to loopback. :class:`LocalTriton` is a context manager that starts the server, waits for
 ``/v2/health/ready`` and stops it by its own PID (SIGTERM, then SIGKILL of its process group after a grace
 period; the lifecycle of :mod:`batchfill.testbed.process`), so no test ever needs to kill processes by name.
+
+A server that cannot have its addresses fails its start, naming the address: fixed ports are checked to be
+free before the server starts, and it counts as started only once every listener on its three addresses is
+its own (``/proc/net/tcp``, :mod:`batchfill.testbed.listeners`). Without that, a server on a taken HTTP port
+looks ready (another server answers ``/v2/health/ready`` there) and one on a taken metrics port looks ready
+for the moment before it exits: tritonserver starts gRPC, HTTP and then metrics, and exits when one fails.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import importlib.util
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import urllib.request
@@ -31,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchfill.testbed.listeners import listeners_on, socket_inodes, tcp_listeners
 from batchfill.testbed.process import (
     LOOPBACK,
     LocalServer,
@@ -48,6 +56,9 @@ KILL_WAIT_S = 10.0
 STUB_REAP_S = 5.0
 # A Triton log line of severity E: "E1129 12:53:21.892942 15207 file.cc:1460] ..."
 _ERROR_LINE = re.compile(r"^E\d{4} ")
+_PORT_NAMES = ("HTTP", "gRPC", "metrics")
+#: How long after /v2/health/ready the server may take to listen on all three addresses (it starts metrics last).
+_LISTEN_TIMEOUT_S = 15.0
 
 
 def _is_error_line(line: str) -> bool:
@@ -171,9 +182,11 @@ class LocalTriton(LocalServer):
     Args:
         model_repository: directory holding ``<model>/config.pbtxt`` and ``<model>/<version>/...``.
         http_port, grpc_port, metrics_port: fixed ports; by default free loopback ports are picked (and
-            picked again, up to 3 times, if one was taken before the server bound it).
-        host: the loopback address to bind (``127.0.0.1``; the dev cluster gives kwok pods addresses in
-            ``127.1.0.0/16`` so a server can listen on its pod's IP with Triton's standard ports).
+            picked again, up to 3 times, if one was taken before the server bound it). A fixed port that is
+            in use on ``host`` fails :meth:`start` at once.
+        host: the loopback address to bind (``127.0.0.1``; each dev cluster gives its kwok pods addresses in a
+            loopback block of its own, ``ClusterInfo.pod_block``, so a server can listen on its pod's IP with
+            Triton's standard ports).
         model_control_mode: ``none`` (load everything at start), ``explicit`` (load through the
             repository API, e.g. ``http_client().load_model(name)``) or ``poll``.
         load_models: ``--load-model`` names for ``explicit`` mode.
@@ -300,10 +313,13 @@ class LocalTriton(LocalServer):
         """Start the server on free ports (or the fixed ones) and wait for ``/v2/health/ready``.
 
         Raises :class:`TritonStartError` (with the log's error lines and tail) when it exits or is not ready in
-        ``startup_timeout_s``; a port taken between its pick and the server's bind is picked again (3 tries).
+        ``startup_timeout_s``, and naming the address when a fixed port is in use on :attr:`host` or another
+        process listens on one of the server's addresses; a port picked here and taken between its pick and the
+        server's bind is picked again (3 tries).
         """
         if self._process is not None:
             raise RuntimeError("tritonserver is already running")
+        self._check_fixed_ports_free()
         inst = self._installation = self._installation or find_installation()
         if not self.model_repository.is_dir():
             raise TritonStartError(f"model repository {self.model_repository} is not a directory")
@@ -324,8 +340,63 @@ class LocalTriton(LocalServer):
             self.command(), self.log_path, name="tritonserver", env=server_env(inst), cwd=self.model_repository
         )
         self.wait_ready(self.startup_timeout_s)
+        self._wait_listening_alone(_LISTEN_TIMEOUT_S)
         self._was_ready = True
         return self
+
+    def _ports(self) -> list[tuple[str, int]]:
+        return list(zip(_PORT_NAMES, (self.http_port, self.grpc_port, self.metrics_port), strict=True))
+
+    def _check_fixed_ports_free(self) -> None:
+        """Raise :class:`TritonStartError` naming ``host:port`` when a fixed port cannot be bound on :attr:`host`."""
+        for name, port in zip(_PORT_NAMES, self._fixed_ports, strict=True):
+            if not port:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                # As tritonserver binds: a port whose last connections are in TIME_WAIT is free; a listener is not.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((self.host, port))
+                except OSError as e:
+                    raise TritonStartError(
+                        f"{self.host}:{port} ({name}) is already in use ({e.strerror}): another server listens "
+                        f"there, so tritonserver could not bind it; not starting it"
+                    ) from None
+
+    def _listener_verdict(self) -> tuple[bool, list[str]]:
+        """(every address has a listener and all are this server's, the addresses another process listens on)."""
+        pid = self._process.pid if self._process is not None else -1
+        mine, table = socket_inodes(pid), tcp_listeners()
+        complete, foreign = True, []
+        for name, port in self._ports():
+            found = listeners_on(table, self.host, port)
+            complete = complete and bool(found)
+            if any(lst.inode not in mine for lst in found):
+                foreign.append(f"{self.host}:{port} ({name})")
+        return complete and not foreign, foreign
+
+    def _wait_listening_alone(self, timeout_s: float) -> None:
+        """Wait until the server listens on its three addresses and nothing else does; raise
+        :class:`TritonStartError` naming the address when another process listens on one (that process, not
+        this server, would answer clients), or when the server exits meanwhile (e.g. it could not bind one)."""
+        foreign: list[str] = []
+
+        def settled() -> bool:
+            nonlocal foreign
+            alone, foreign = self._listener_verdict()
+            return alone or bool(foreign)
+
+        if self._process is None:
+            raise TritonStartError("tritonserver is not running")
+        try:
+            self._process.wait_ready(settled, timeout_s, where=self.http_url, interval_s=0.05)
+        except ProcessError as e:
+            raise TritonStartError(f"{e}\n{self.diagnostics()}") from None
+        if foreign:
+            raise TritonStartError(
+                f"{', '.join(foreign)} already in use by another process: it, not this tritonserver "
+                f"(pid {self._process.pid}), would answer there\n{self.diagnostics()}"
+            )
 
     def _ready(self) -> bool:
         with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2.0) as r:

@@ -3,7 +3,9 @@
 ``cluster_up`` starts etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok, each as a plain
 process with its own PID recorded in the run directory (:mod:`.components` says how each is configured), then
 creates ``gpu_nodes`` fake GPU nodes (``nvidia.com/gpu`` capacity, GPU-feature-discovery style labels) and waits
-until they are Ready and schedulable (:mod:`.nodes`). Pods bound to them become Running without a process (kwok).
+until they are Ready and schedulable (:mod:`.nodes`). Pods bound to them become Running without a process (kwok),
+with IP addresses in the cluster's own loopback block ``127.<a>.0.0/16`` (``ClusterInfo.pod_block``), which no
+other dev cluster on the machine has (:mod:`.pod_block`).
 
 The binaries come from ``scripts/build-k8s.sh`` (built from Go modules through the module proxy) in
 ``${BATCHFILL_K8S_CACHE:-~/.cache/batchfill/k8s}/<k8s version>/bin``; :func:`ensure_binaries` runs it when
@@ -12,8 +14,9 @@ one is missing (:mod:`.binaries`). Every component authenticates with an admin c
 kubeconfig for a ServiceAccount (:mod:`.kubeconfig`). The run directory and its state file: :mod:`.state`.
 
 Modules: ``binaries`` (versions, cache, build), ``pki`` (openssl), ``kubeconfig`` (kubeconfigs, clients,
-kubectl), ``components`` (command lines, start, staged stop), ``nodes`` (fake nodes), ``state`` (run
-directory, ``cluster.json``), ``cluster`` (up, down, status, restart). The names below are the package's API.
+kubectl), ``components`` (command lines, start, staged stop), ``nodes`` (fake nodes), ``pod_block`` (each
+cluster's pod address block), ``state`` (run directory, ``cluster.json``), ``cluster`` (up, down, status,
+restart). The names below are the package's API.
 """
 
 from batchfill.testbed.devcluster.binaries import (
@@ -52,12 +55,18 @@ from batchfill.testbed.devcluster.nodes import (
     GPU_PRODUCT,
     GPU_RESOURCE,
     NODE_IP_PREFIX,
-    POD_CIDR_TEMPLATE,
     desired_nodes,
     ensure_fake_nodes,
     fake_node,
 )
 from batchfill.testbed.devcluster.pki import make_pki
+from batchfill.testbed.devcluster.pod_block import (
+    choose_pod_block,
+    claim_pod_block,
+    claimed_pod_blocks,
+    node_pod_cidr,
+    release_pod_block,
+)
 from batchfill.testbed.devcluster.state import KUBECONFIG_NAME, MARKER, STATE_FILE, ClusterInfo, default_run_dir
 
 __all__ = [
@@ -73,7 +82,6 @@ __all__ = [
     "MARKER",
     "NODE_IP_PREFIX",
     "POD_CIDR",
-    "POD_CIDR_TEMPLATE",
     "SERVICE_CIDR",
     "SOURCE_ROOT",
     "STATE_FILE",
@@ -85,6 +93,9 @@ __all__ = [
     "bin_dir",
     "build_script",
     "cache_root",
+    "choose_pod_block",
+    "claim_pod_block",
+    "claimed_pod_blocks",
     "cluster_down",
     "cluster_status",
     "cluster_up",
@@ -98,6 +109,8 @@ __all__ = [
     "kwok_stages_dir",
     "make_pki",
     "missing_binaries",
+    "node_pod_cidr",
+    "release_pod_block",
     "restart_components",
     "running_cluster",
     "service_account_kubeconfig",

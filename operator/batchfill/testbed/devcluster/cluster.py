@@ -31,6 +31,7 @@ from batchfill.testbed.devcluster.nodes import (
     nodes_ready,
 )
 from batchfill.testbed.devcluster.pki import admin_ssl_context, b64, make_pki
+from batchfill.testbed.devcluster.pod_block import claim_pod_block, release_pod_block
 from batchfill.testbed.devcluster.state import (
     KUBECONFIG_NAME,
     MARKER,
@@ -71,9 +72,10 @@ def _api_ready(run_dir: Path, server: str) -> bool:
 
 
 def cluster_status(run_dir: Path) -> ClusterInfo | None:
-    """The running cluster recorded in ``run_dir`` if every component is alive and the API is ready."""
+    """The running cluster recorded in ``run_dir`` if every component is alive and the API is ready (and its
+    state records its pods' address block: one started before clusters chose their blocks does not count)."""
     state = ClusterState.load(run_dir)
-    if state is None or set(state.processes) != set(COMPONENTS):
+    if state is None or set(state.processes) != set(COMPONENTS) or not state.pod_block:
         return None
     if not all(p.alive() for p in state.processes.values()) or not _api_ready(run_dir, state.server):
         return None
@@ -103,22 +105,24 @@ def cluster_up(
         timeout_s: how long to wait for the API server (each later wait gets at most this too).
 
     A cluster recorded in ``run_dir`` that is fully alive and ready is reused (its fake nodes are brought to
-    the requested set); anything else there is stopped by PID and the directory is started afresh. On a
-    failure every started component is stopped and the logs stay in ``run_dir/logs``.
+    the requested set; its pods' address block stays); anything else there is stopped by PID and the directory
+    is started afresh, with a pod address block ``127.<a>.0.0/16`` no other dev cluster has claimed and nothing
+    listens in (:mod:`.pod_block`; ``ClusterInfo.pod_block``). On a failure every started component is stopped,
+    the block's claim is released and the logs stay in ``run_dir/logs``.
     """
     run = Path(run_dir).resolve()
     con = default_console(console, quiet)
     t0 = time.monotonic()
-    nodes = desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes)
 
     check_run_dir(run)
     existing = cluster_status(run)
     if existing is not None:
-        state = _reuse(existing, nodes, con, timeout_s)
+        state = _reuse(existing, desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes, pod_block=existing.pod_block),
+                       con, timeout_s)  # fmt: skip
         state.gpu_nodes, state.gpus_per_node, state.cpu_nodes = gpu_nodes, gpus_per_node, cpu_nodes
         state.save(run)
         existing.startup_s = time.monotonic() - t0
-        con.log(f"reusing the dev cluster at {existing.server} ({run})")
+        con.log(f"reusing the dev cluster at {existing.server} ({run}; pod IPs in {existing.pod_block})")
         return existing
     old = ClusterState.load(run)
     if old is not None:
@@ -126,25 +130,30 @@ def cluster_up(
 
     bins = ensure_binaries(con, build=build)
     prepare_run_dir(run)
+    block = claim_pod_block(run)  # drops an earlier claim of this run directory
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
     server = f"https://{LOOPBACK}:{ports['apiserver']}"
     state = ClusterState(server=server, kubeconfig=str(run / KUBECONFIG_NAME), bin_dir=str(bins), ports=ports,
-                         gpu_nodes=gpu_nodes, gpus_per_node=gpus_per_node, cpu_nodes=cpu_nodes)  # fmt: skip
-    state.save(run)
+                         gpu_nodes=gpu_nodes, gpus_per_node=gpus_per_node, cpu_nodes=cpu_nodes,
+                         pod_block=str(block))  # fmt: skip
     try:
-        _start(state, run, nodes, con, timeout_s, die_with_parent)
+        state.save(run)
+        _start(state, run, desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes, pod_block=block), con, timeout_s,
+               die_with_parent)  # fmt: skip
     except BaseException:
         survivors = stop_components(state.processes)
         if survivors:
             con.log(f"[red]could not stop {', '.join(survivors)}; PIDs in {run / STATE_FILE}")
+        else:
+            release_pod_block(run, block)
         raise
     info = state.info(run, startup_s=time.monotonic() - t0)
-    con.log(f"dev cluster up in {info.startup_s:.1f} s at {server}")
+    con.log(f"dev cluster up in {info.startup_s:.1f} s at {server}; pod IPs in {block}")
     return info
 
 
 def _reuse(existing: ClusterInfo, nodes: list[dict[str, Any]], con: Console, timeout_s: float) -> ClusterState:
-    """Bring the fake nodes of a running cluster to ``nodes``; returns its state."""
+    """Bring the fake nodes of a running cluster to ``nodes`` (in its pod block); returns its state."""
     run = existing.run_dir
     state = ClusterState.load(run)
     assert state is not None  # cluster_status just read it
@@ -221,6 +230,8 @@ def cluster_down(run_dir: str | os.PathLike[str], *, console: Console | None = N
             survivors = stop_components(state.processes)
         if survivors:
             raise DevClusterError(f"{', '.join(survivors)} did not stop; PIDs in {run / STATE_FILE}")
+        if state.pod_block:
+            release_pod_block(run, state.pod_block)
     shutil.rmtree(run)
     con.log(f"dev cluster stopped; removed {run}")
 

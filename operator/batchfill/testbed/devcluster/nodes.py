@@ -1,27 +1,37 @@
 """The dev cluster's fake nodes (kwok-managed Node objects, some advertising ``nvidia.com/gpu``) and the readiness
-checks ``cluster_up`` waits on. Pods bound to a fake node become Running without a process (kwok)."""
+checks ``cluster_up`` waits on. Pods bound to a fake node become Running without a process (kwok).
+
+Fake node ``i`` has the ``podCIDR`` ``127.<a>.<i>.0/24`` of its cluster's pod block ``127.<a>.0.0/16``
+(:mod:`.pod_block`): kwok gives pods addresses from their node's ``podCIDR``, and loopback addresses let a real
+tritonserver listen on its pod's IP with Triton's standard ports, so the operator reaches pods at
+``<pod IP>:8000`` exactly as in a real cluster.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from batchfill.testbed.devcluster.kubeconfig import api_client
+from batchfill.testbed.devcluster.pod_block import choose_pod_block, claimed_pod_blocks, node_pod_cidr
+from batchfill.testbed.listeners import tcp_listeners
 
 FAKE_NODE_LABEL = "batchfill.io/dev-cluster-node"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT = "NVIDIA-A100-SXM4-80GB"
 NODE_IP_PREFIX = "10.240.0."
-#: Pod CIDR of fake node i: 127.1.<i>.0/24. kwok gives pods addresses from their node's podCIDR, and loopback
-#: addresses let a real tritonserver listen on its pod's IP with Triton's standard ports, so the operator reaches
-#: pods at <pod IP>:8000 exactly as in a real cluster.
-POD_CIDR_TEMPLATE = "127.1.{index}.0/24"
 
 
-def fake_node(name: str, index: int, gpus: int) -> dict[str, Any]:
-    """A kwok-managed Node; with ``gpus > 0`` it advertises ``nvidia.com/gpu`` and GPU-feature-discovery labels."""
+def fake_node(name: str, index: int, gpus: int, pod_block: ipaddress.IPv4Network | str) -> dict[str, Any]:
+    """A kwok-managed Node; with ``gpus > 0`` it advertises ``nvidia.com/gpu`` and GPU-feature-discovery labels.
+
+    Its ``podCIDR`` is the ``index``-th /24 of ``pod_block`` (a ``127.<a>.0.0/16``; ``index`` in 0..255).
+    """
+    pod_cidr = node_pod_cidr(pod_block, index)
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
@@ -47,7 +57,7 @@ def fake_node(name: str, index: int, gpus: int) -> dict[str, Any]:
             "labels": labels,
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
-        "spec": {"podCIDR": POD_CIDR_TEMPLATE.format(index=index), "podCIDRs": [POD_CIDR_TEMPLATE.format(index=index)]},
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
         "status": {
             "capacity": capacity,
             "allocatable": dict(capacity),
@@ -59,10 +69,21 @@ def fake_node(name: str, index: int, gpus: int) -> dict[str, Any]:
     }
 
 
-def desired_nodes(gpu_nodes: int, gpus_per_node: int, cpu_nodes: int = 0) -> list[dict[str, Any]]:
-    """``gpu-node-<i>`` with ``gpus_per_node`` GPUs each, then ``cpu-node-<i>`` without GPUs."""
-    nodes = [fake_node(f"gpu-node-{i}", i, gpus_per_node) for i in range(gpu_nodes)]
-    nodes += [fake_node(f"cpu-node-{i}", gpu_nodes + i, 0) for i in range(cpu_nodes)]
+def desired_nodes(
+    gpu_nodes: int, gpus_per_node: int, cpu_nodes: int = 0, *, pod_block: ipaddress.IPv4Network | str | None = None
+) -> list[dict[str, Any]]:
+    """``gpu-node-<i>`` with ``gpus_per_node`` GPUs each, then ``cpu-node-<i>`` without GPUs, their pod CIDRs in
+    ``pod_block``.
+
+    ``pod_block`` None (fake nodes added to an existing cluster): a block no dev cluster has claimed and nothing
+    listens in right now (:func:`~.pod_block.choose_pod_block`); it is not claimed, so a later dev cluster may
+    choose it once nothing listens in it.
+    """
+    if pod_block is None:
+        listening = [lst.address for lst in tcp_listeners()]
+        pod_block = choose_pod_block(claimed_pod_blocks(), listening, os.getpid())
+    nodes = [fake_node(f"gpu-node-{i}", i, gpus_per_node, pod_block) for i in range(gpu_nodes)]
+    nodes += [fake_node(f"cpu-node-{i}", gpu_nodes + i, 0, pod_block) for i in range(cpu_nodes)]
     return nodes
 
 

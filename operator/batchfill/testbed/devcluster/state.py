@@ -3,7 +3,8 @@
 Run directory layout (``down`` removes it; ``up`` refuses a non-empty directory it did not create)::
 
     .batchfill-dev-cluster   marker
-    cluster.json             ports, PIDs (with their /proc start times, so a reused PID is never killed)
+    cluster.json             ports, pod address block, PIDs (with their /proc start times, so a reused PID is
+                             never killed)
     admin.kubeconfig         system:masters client certificate, embedded
     pki/ etcd-data/ logs/<component>.log
 """
@@ -41,13 +42,15 @@ def log_path(run_dir: Path, component: str) -> Path:
 
 @dataclass
 class ClusterInfo:
-    """What ``cluster_up`` started. ``pids`` maps component name to PID."""
+    """What ``cluster_up`` started. ``pids`` maps component name to PID; ``pod_block`` is the loopback block its
+    pods' IPs are in (``127.<a>.0.0/16``, :mod:`.pod_block`)."""
 
     kubeconfig: Path
     server: str
     run_dir: Path
     pids: dict[str, int]
     bin_dir: Path = field(default_factory=bin_dir)
+    pod_block: str = ""
     reused: bool = False
     startup_s: float = 0.0
 
@@ -65,7 +68,10 @@ class ClusterInfo:
 
 @dataclass
 class ClusterState:
-    """``cluster.json``: where the cluster listens and which processes are its components."""
+    """``cluster.json``: where the cluster listens, its pods' address block and which processes are its components.
+
+    ``pod_block`` is empty in the state of a cluster started before clusters chose their blocks.
+    """
 
     server: str
     kubeconfig: str
@@ -75,12 +81,14 @@ class ClusterState:
     gpu_nodes: int = 0
     gpus_per_node: int = 0
     cpu_nodes: int = 0
+    pod_block: str = ""
 
     def save(self, run_dir: Path) -> None:
         doc = {
             "server": self.server, "kubeconfig": self.kubeconfig, "bin_dir": self.bin_dir, "ports": self.ports,
             "processes": {name: p.record() for name, p in self.processes.items()},
             "gpu_nodes": self.gpu_nodes, "gpus_per_node": self.gpus_per_node, "cpu_nodes": self.cpu_nodes,
+            "pod_block": self.pod_block,
         }  # fmt: skip
         tmp = run_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
@@ -106,6 +114,7 @@ class ClusterState:
             run_dir=run_dir,
             pids={k: p.pid for k, p in self.processes.items()},
             bin_dir=Path(self.bin_dir),
+            pod_block=self.pod_block,
             **kw,
         )
 
