@@ -201,7 +201,12 @@ class Kube:
             self.dynamic.resources.invalidate_cache()
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply ``obj`` as the batchfill field manager (conflicts forced: we own these fields)."""
+        """Server-side apply ``obj`` as the batchfill field manager (conflicts forced: we own these fields).
+
+        Raises:
+            KubeNotFoundError: the object's namespace is gone, or its kind is not served (any more).
+            KubeTemporaryError / KubePermanentError: other API errors.
+        """
         meta = obj["metadata"]
         what = f"apply {obj['kind']} {meta.get('namespace', '')}/{meta['name']}"
         try:
@@ -213,6 +218,10 @@ class Kube:
                 field_manager=FIELD_MANAGER,
                 force_conflicts=True,
             )
+        except ResourceNotFoundError:
+            # Discovery no longer lists the kind (its CRD was deleted after the cache said it was served): the
+            # same answer as the API's 404 for the object, never a traceback in the loop.
+            raise KubeNotFoundError(f"{what}: {obj['apiVersion']} {obj['kind']} is not served") from None
         except (DynamicApiError, ApiException, HTTPError) as e:
             raise _classify(e, what) from None
         result: dict[str, Any] = out.to_dict()
