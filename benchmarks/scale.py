@@ -63,7 +63,7 @@ from rich.table import Table
 
 from batchfill.api.reasons import ConditionType
 from batchfill.api.spec import GROUP, KIND, PLURAL, VERSION
-from batchfill.cli.demo import sigterm_as_interrupt
+from batchfill.cli.shutdown import sigterm_as_interrupt
 from batchfill.controller.desired import plan_cache
 from batchfill.controller.settings import OperatorSettings
 from batchfill.render.kube import CHILDREN_SELECTOR

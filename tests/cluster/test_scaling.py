@@ -47,11 +47,11 @@ from batchfill.api.reasons import (
 )
 from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, ProfilingSpec
 from batchfill.api.status import PlannedProfileSource
-from batchfill.cli.demo import PodTritons
 from batchfill.render.kube import MODEL_LABEL
 from batchfill.testbed.balancer import BalancedLoad
 from batchfill.testbed.loadgen import grpc_fp32_input
 from batchfill.testbed.model_repo import write_model
+from batchfill.testbed.pod_tritons import PodTritons
 from batchfill.testbed.prometheus_local import LocalPrometheus, ScrapeTarget
 
 from .conftest import USE_EXISTING

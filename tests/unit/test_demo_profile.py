@@ -18,6 +18,7 @@ from rich.console import Console
 from batchfill.adapters.profiler import ModelInfo, ProfileError, SizeMeasurement, TensorInfo
 from batchfill.api.validate import load_model
 from batchfill.cli import demo as demo_module
+from batchfill.cli.demo import profile as demo_profile
 from batchfill.testbed.loadgen import LoadResult
 
 EXAMPLE: dict[str, Any] = yaml.safe_load(demo_module.EXAMPLE.read_text())
@@ -66,11 +67,11 @@ class Recorder:
             return self.triton
 
         client = type("Client", (), {"close": lambda _: setattr(self, "closed", self.closed + 1)})()
-        monkeypatch.setattr(demo_module, "LocalTriton", triton)
-        monkeypatch.setattr(demo_module, "connect", lambda url: client)
-        monkeypatch.setattr(demo_module, "read_model_info", lambda c, url, model: INFO)
-        monkeypatch.setattr(demo_module, "input_maker", lambda info, url, seed=0: lambda b: [])
-        monkeypatch.setattr(demo_module, "measure", self.measure)
+        monkeypatch.setattr(demo_profile, "LocalTriton", triton)
+        monkeypatch.setattr(demo_profile, "connect", lambda url: client)
+        monkeypatch.setattr(demo_profile, "read_model_info", lambda c, url, model: INFO)
+        monkeypatch.setattr(demo_profile, "input_maker", lambda info, url, seed=0: lambda b: [])
+        monkeypatch.setattr(demo_profile, "measure", self.measure)
 
     def measure(
         self, client: Any, info: ModelInfo, make: Any, sizes: list[int], *, warmup: int, repeats: int
@@ -117,7 +118,7 @@ def test_profile_is_measured_in_rounds_and_takes_the_p90_of_every_size(
 @pytest.mark.parametrize(
     ("fail", "raised"),
     [
-        (demo_module.TritonStartError("tritonserver exited with code 1"), demo_module.DemoError),
+        (demo_profile.TritonStartError("tritonserver exited with code 1"), demo_module.DemoError),
         (KeyboardInterrupt(), KeyboardInterrupt),
     ],
 )
@@ -145,7 +146,7 @@ def test_a_failed_measurement_is_a_demo_error_and_stops_the_server(
     def failing(*args: Any, **kwargs: Any) -> list[SizeMeasurement]:
         raise ProfileError("'text_recognizer': inference of batch size 16 failed: out of memory")
 
-    monkeypatch.setattr(demo_module, "measure", failing)
+    monkeypatch.setattr(demo_profile, "measure", failing)
     with pytest.raises(demo_module.DemoError, match="batch size 16 failed: out of memory"):
         demo_module.measure_example_profile(EXAMPLE, tmp_path / "profile", _console())
     assert rec.triton is not None

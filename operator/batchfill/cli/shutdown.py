@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,3 +275,20 @@ def run_cancellable(jobs: Mapping[str, Callable[[], Coroutine[Any, Any, T]]]) ->
 def _cancel_tasks() -> None:
     for task in asyncio.all_tasks():
         task.cancel()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) in the main thread while inside; a second SIGTERM
+    is ignored so it cannot cut that cleanup short. (The demo itself uses :class:`Shutdown`, which also takes
+    SIGINT over and keeps later signals out of the whole cleanup.)"""
+
+    def raise_interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
