@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from batchfill.api.errors import SpecError
     from batchfill.api.spec import BatchedModel
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -85,10 +86,15 @@ def one_model(path: str, command: str, err: Console) -> BatchedModel | int:
             err_line(err, f"{path}: `batchfill {command}` takes one BatchedModel, found {len(docs)} documents")
             return EXIT_USAGE
         return load_model(docs[0])
-    except OSError as e:
+    except (OSError, SpecError) as e:
+        return input_error(path, e, err)
+
+
+def input_error(path: str, e: OSError | SpecError, err: Console) -> int:
+    """Print why the input file ``path`` cannot be used (one line per problem); returns :data:`EXIT_USAGE`."""
+    if isinstance(e, OSError):
         err_line(err, f"{path}: cannot read: {e.strerror or e}")
-        return EXIT_USAGE
-    except SpecError as e:
+    else:
         for p in e.problems:
             err_line(err, f"{path}: {p}")
-        return EXIT_USAGE
+    return EXIT_USAGE

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.validate import load_model, parse_documents
-from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, read_text
+from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, input_error, read_text
 from batchfill.policy.plan import PlanResult, plan_batching, replicas_for
 
 
@@ -119,13 +119,8 @@ def command(args: argparse.Namespace, out: Console, err: Console) -> int:
     """`batchfill plan FILE`: every document planned; exit 2 when any failed (the others are still printed)."""
     try:
         docs = parse_documents(read_text(args.file))
-    except OSError as e:
-        err_line(err, f"{args.file}: cannot read: {e.strerror or e}")
-        return EXIT_USAGE
-    except SpecError as e:
-        for p in e.problems:
-            err_line(err, f"{args.file}: {p}")
-        return EXIT_USAGE
+    except (OSError, SpecError) as e:
+        return input_error(f"{args.file}", e, err)
     if not docs:
         err_line(err, f"{args.file}: no YAML documents")
         return EXIT_USAGE

@@ -38,7 +38,7 @@ from batchfill.adapters.profiler import (
 from batchfill.api.errors import SpecError
 from batchfill.api.spec import API_VERSION, KIND, SLASpec
 from batchfill.api.validate import load_model, parse_documents
-from batchfill.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err_line, read_text
+from batchfill.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err_line, input_error, read_text
 from batchfill.policy.plan import plan_batching
 
 #: Default quantile of the executions that becomes the profile value.
@@ -398,13 +398,8 @@ def command(args: argparse.Namespace, out: Console, err: Console) -> int:
             seed=args.seed,
         )
         check_options(opts)
-    except OSError as e:
-        err_line(err, f"{args.file}: cannot read: {e.strerror or e}")
-        return EXIT_USAGE
-    except SpecError as e:
-        for p in e.problems:
-            err_line(err, f"{args.file}: {p}")
-        return EXIT_USAGE
+    except (OSError, SpecError) as e:
+        return input_error(f"{args.file}", e, err)
     except (ValueError, ProfileUsageError) as e:
         err_line(err, str(e))
         return EXIT_USAGE
