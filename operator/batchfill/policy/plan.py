@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from batchfill.api.errors import InfeasibleSLAError, Problem, SpecError
 from batchfill.api.reasons import ConditionType, PlanWarningReason, SpecReason
-from batchfill.api.spec import BatchedModelSpec, SequenceStrategy
+from batchfill.api.spec import BatchedModelSpec, BatchingSpec, SequenceStrategy
 from batchfill.api.status import PlanStatus, SeedRule
 from batchfill.policy.profile import LatencyProfile
 from batchfill.sim.batcher import BatcherConfig, poisson_unit_arrivals, simulate_batcher
@@ -301,20 +301,8 @@ def _variable_shape_warnings(spec: BatchedModelSpec) -> list[PlanWarning]:
     return out
 
 
-def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
-    """Derive the batching plan of a validated spec.
-
-    Args:
-        spec: a spec that passed :func:`batchfill.api.validate.check_spec`.
-        seed: seed of the simulated Poisson arrivals (the plan is deterministic for a given seed).
-
-    Returns:
-        The plan; ``result.to_status()`` is what goes to ``status.plan``.
-
-    Raises:
-        SpecError: no profile, or an override that cannot keep the SLA (names the field and the numbers).
-        InfeasibleSLAError: even batch size 1 does not fit the server budget.
-    """
+def _check_profile(spec: BatchedModelSpec) -> None:
+    """Raises SpecError when the spec has no profile, or a latency below what Triton's statistics resolve."""
     if not spec.profile:
         raise SpecError(
             [
@@ -333,33 +321,11 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
     ]  # fmt: skip
     if too_fast:
         raise SpecError(too_fast)
-    sla, b = spec.sla, spec.batching
-    profile = LatencyProfile.from_points(spec.profile)
-    budget = sla.latencyP99Ms - sla.networkOverheadMs
-    target = budget * (1 - b.safetyMarginPercent / 100)
-    budget_of = (
-        f"{budget:g} ms (spec.sla.latencyP99Ms={sla.latencyP99Ms:g} - "
-        f"spec.sla.networkOverheadMs={sla.networkOverheadMs:g})"
-    )
-    if b.safetyMarginPercent:
-        budget_of += f", {target:g} ms after spec.batching.safetyMarginPercent={b.safetyMarginPercent:g}"
-    budget_text = f"budget is {budget_of}"
-    l1 = profile.latency_ms(1)
-    batching_off = b.maxBatchSize == 0
-    slack = 0.0 if batching_off else MIN_QUEUE_DELAY_US / 1000.0
-    if l1 + slack > target:
-        first = spec.profile[0]
-        raise InfeasibleSLAError(
-            [
-                Problem(
-                    "spec.profile[0].latencyMs",
-                    f"latency at batch {first.batchSize} is {l1:g} ms, {budget_text}; "
-                    "no batching configuration can meet the SLA",
-                )
-            ]
-        )
 
-    executors = max(1, spec.triton.gpusPerReplica)
+
+def _batch_cap(b: BatchingSpec, profile: LatencyProfile) -> tuple[int, list[PlanWarning]]:
+    """The largest batch size to plan (``spec.batching.maxBatchSize``, never beyond the profile) and the warning
+    when the user's limit exceeds the profile."""
     warnings: list[PlanWarning] = []
     cap = profile.largest if b.maxBatchSize is None else min(b.maxBatchSize, profile.largest)
     if b.maxBatchSize is not None and b.maxBatchSize > profile.largest:
@@ -374,33 +340,21 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
                 ),
             )
         )
-    direct = spec.model.stateful and spec.model.sequenceStrategy is SequenceStrategy.DIRECT
-    evaluator = _Evaluator(profile, target, seed)
+    return cap, warnings
 
-    if batching_off:
-        only = Candidate(0, (), 0, executors)
-        chosen = evaluator.confirmed(evaluator.capacity(only))
-        if chosen.capacity_rps <= 0:
-            raise InfeasibleSLAError(
-                [Problem("spec.sla.latencyP99Ms", f"no request rate keeps the simulated p99 within the {budget_text}")]
-            )
-        return _result(spec, profile, chosen, None, (chosen,), budget, target, warnings, direct, seed, None)
 
-    preferred_override = tuple(sorted(b.preferredBatchSizes)) if b.preferredBatchSizes else None
-    min_b = max(preferred_override) if preferred_override else 1
-    sizes = _batch_sizes(profile, cap, target, min_b)
-    if not sizes:
-        raise SpecError(
-            [
-                Problem(
-                    "spec.batching.preferredBatchSizes",
-                    f"={list(preferred_override or ())}: the largest preferred size {min_b} needs "
-                    f"l({min_b})={profile.latency_ms(min(min_b, profile.largest)):g} ms of execution, "
-                    f"which leaves no queueing room in the server budget {budget_of}",
-                )
-            ],
-            reason=SpecReason.INVALID_BATCHING,
-        )
+def _candidates(
+    b: BatchingSpec,
+    profile: LatencyProfile,
+    sizes: list[int],
+    target: float,
+    budget_of: str,
+    preferred_override: tuple[int, ...] | None,
+    direct: bool,
+    executors: int,
+) -> dict[tuple[int, tuple[int, ...], int], Candidate]:
+    """Every configuration to simulate: for each batch size, the preferred sizes and the queue delays that fit
+    ``target`` (ms). Raises SpecError when the user's queue delay leaves no size within the budget."""
 
     def make(batch: int, delay_us: int) -> Candidate:
         if direct:
@@ -439,16 +393,16 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
             reason=SpecReason.INVALID_BATCHING,
         )
 
-    # Seed rule: the largest profiled size that fits, with all remaining budget as queue delay.
-    seed_b = max((s for s in profile.batch_sizes if s <= cap and profile.latency_ms(s) < budget), default=0)
-    seed_cand: Candidate | None = None
-    if seed_b:
-        seed_delay = max(MIN_QUEUE_DELAY_US, math.floor((budget - profile.latency_ms(seed_b)) * 1000))
-        seed_cand = Candidate(seed_b, () if direct else (seed_b,), seed_delay, executors)
-        no_overrides = preferred_override is None and b.maxQueueDelayMicroseconds is None
-        if no_overrides and seed_delay <= math.floor((target - profile.latency_ms(seed_b)) * 1000):
-            candidates.setdefault(seed_cand.key, seed_cand)
+    return candidates
 
+
+def _evaluate(
+    evaluator: _Evaluator,
+    candidates: dict[tuple[int, tuple[int, ...], int], Candidate],
+    seed_cand: Candidate | None,
+) -> dict[tuple[int, tuple[int, ...], int], Candidate]:
+    """Each candidate with its simulated capacity, or marked pruned when its full-batch throughput cannot beat the
+    best capacity found before it."""
     # Evaluate the seed rule first (its number is reported anyway), then the rest by descending upper
     # bound, skipping any whose full-batch throughput cannot beat the best capacity found so far.
     evaluated: dict[tuple[int, tuple[int, ...], int], Candidate] = {}
@@ -465,6 +419,40 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
         evaluated[c.key] = done = evaluator.capacity(c)
         best = max(best, done.capacity_rps)
 
+    return evaluated
+
+
+def _budget_of(spec: BatchedModelSpec, budget: float, target: float) -> str:
+    """The server budget ``T`` (ms) and the fields it comes from, for error messages."""
+    sla, b = spec.sla, spec.batching
+    text = (
+        f"{budget:g} ms (spec.sla.latencyP99Ms={sla.latencyP99Ms:g} - "
+        f"spec.sla.networkOverheadMs={sla.networkOverheadMs:g})"
+    )
+    if b.safetyMarginPercent:
+        text += f", {target:g} ms after spec.batching.safetyMarginPercent={b.safetyMarginPercent:g}"
+    return text
+
+
+def _seed_rule(profile: LatencyProfile, cap: int, budget: float, direct: bool, executors: int) -> Candidate | None:
+    """The textbook rule ``D = S - l(B) - N``: the largest profiled size that fits the budget (ms), with all
+    remaining budget as queue delay; None when no profiled size fits."""
+    seed_b = max((s for s in profile.batch_sizes if s <= cap and profile.latency_ms(s) < budget), default=0)
+    if not seed_b:
+        return None
+    seed_delay = max(MIN_QUEUE_DELAY_US, math.floor((budget - profile.latency_ms(seed_b)) * 1000))
+    return Candidate(seed_b, () if direct else (seed_b,), seed_delay, executors)
+
+
+def _choose(
+    evaluator: _Evaluator,
+    candidates: dict[tuple[int, tuple[int, ...], int], Candidate],
+    evaluated: dict[tuple[int, tuple[int, ...], int], Candidate],
+    seed_cand: Candidate | None,
+    budget_of: str,
+) -> tuple[Candidate, Candidate | None, tuple[Candidate, ...]]:
+    """The highest capacity (ties: lower p99, shorter delay, smaller batch), confirmed; the seed rule's result;
+    every candidate in order. Raises InfeasibleSLAError when no configuration keeps the p99 in the budget."""
     pool = [evaluated[k] for k in candidates]
     top = max(pool, key=lambda c: (round(c.capacity_rps, 6), -c.p99_ms, -c.max_queue_delay_us, -c.max_batch_size))
     chosen = evaluator.confirmed(top)
@@ -484,6 +472,89 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
             ]
         )
     ordered = tuple(evaluated[k] if k != chosen.key else chosen for k in candidates)
+    return chosen, seed_done, ordered
+
+
+def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
+    """Derive the batching plan of a validated spec.
+
+    Args:
+        spec: a spec that passed :func:`batchfill.api.validate.check_spec`.
+        seed: seed of the simulated Poisson arrivals (the plan is deterministic for a given seed).
+
+    Returns:
+        The plan; ``result.to_status()`` is what goes to ``status.plan``.
+
+    Raises:
+        SpecError: no profile, or an override that cannot keep the SLA (names the field and the numbers).
+        InfeasibleSLAError: even batch size 1 does not fit the server budget.
+    """
+    _check_profile(spec)
+    assert spec.profile is not None  # _check_profile raised otherwise
+    sla, b = spec.sla, spec.batching
+    profile = LatencyProfile.from_points(spec.profile)
+    budget = sla.latencyP99Ms - sla.networkOverheadMs
+    target = budget * (1 - b.safetyMarginPercent / 100)
+    budget_of = _budget_of(spec, budget, target)
+    budget_text = f"budget is {budget_of}"
+    l1 = profile.latency_ms(1)
+    batching_off = b.maxBatchSize == 0
+    slack = 0.0 if batching_off else MIN_QUEUE_DELAY_US / 1000.0
+    if l1 + slack > target:
+        first = spec.profile[0]
+        raise InfeasibleSLAError(
+            [
+                Problem(
+                    "spec.profile[0].latencyMs",
+                    f"latency at batch {first.batchSize} is {l1:g} ms, {budget_text}; "
+                    "no batching configuration can meet the SLA",
+                )
+            ]
+        )
+
+    executors = max(1, spec.triton.gpusPerReplica)
+    cap, warnings = _batch_cap(b, profile)
+    direct = spec.model.stateful and spec.model.sequenceStrategy is SequenceStrategy.DIRECT
+    evaluator = _Evaluator(profile, target, seed)
+
+    if batching_off:
+        only = Candidate(0, (), 0, executors)
+        chosen = evaluator.confirmed(evaluator.capacity(only))
+        if chosen.capacity_rps <= 0:
+            raise InfeasibleSLAError(
+                [Problem("spec.sla.latencyP99Ms", f"no request rate keeps the simulated p99 within the {budget_text}")]
+            )
+        return _result(spec, profile, chosen, None, (chosen,), budget, target, warnings, direct, seed, None)
+
+    preferred_override = tuple(sorted(b.preferredBatchSizes)) if b.preferredBatchSizes else None
+    min_b = max(preferred_override) if preferred_override else 1
+    sizes = _batch_sizes(profile, cap, target, min_b)
+    if not sizes:
+        raise SpecError(
+            [
+                Problem(
+                    "spec.batching.preferredBatchSizes",
+                    f"={list(preferred_override or ())}: the largest preferred size {min_b} needs "
+                    f"l({min_b})={profile.latency_ms(min(min_b, profile.largest)):g} ms of execution, "
+                    f"which leaves no queueing room in the server budget {budget_of}",
+                )
+            ],
+            reason=SpecReason.INVALID_BATCHING,
+        )
+
+    candidates = _candidates(b, profile, sizes, target, budget_of, preferred_override, direct, executors)
+
+    seed_cand = _seed_rule(profile, cap, budget, direct, executors)
+    no_overrides = preferred_override is None and b.maxQueueDelayMicroseconds is None
+    if (
+        seed_cand is not None
+        and no_overrides
+        and seed_cand.max_queue_delay_us <= math.floor((target - profile.latency_ms(seed_cand.max_batch_size)) * 1000)
+    ):
+        candidates.setdefault(seed_cand.key, seed_cand)
+
+    evaluated = _evaluate(evaluator, candidates, seed_cand)
+    chosen, seed_done, ordered = _choose(evaluator, candidates, evaluated, seed_cand, budget_of)
     fill = evaluator.mean_fill(chosen, spec.scaling.targetUtilization * chosen.capacity_rps)
     return _result(spec, profile, chosen, seed_done, ordered, budget, target, warnings, direct, seed, fill)
 
