@@ -41,6 +41,21 @@ from batchfill.render.kube import Owner, names, selector_labels
 from .test_crd import apply_defaults, errors
 
 NS = "ml"
+
+
+@pytest.fixture(autouse=True)
+def _forget_metric_series() -> Iterator[None]:
+    """The operator's metrics live in one process-wide registry: drop the series this test's models left, so
+    no other test sees them (the dashboard test checks that a forgotten model leaves nothing)."""
+    yield
+    names = {
+        s.labels["name"]
+        for f in operator_metrics.REGISTRY.collect()
+        for s in f.samples
+        if s.labels.get("namespace") == NS and "name" in s.labels
+    }
+    for name in names:
+        operator_metrics.forget(NS, name)
 T0 = 1_800_000_000.0
 ROOT_SCHEMA: dict[str, Any] = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 STATUS_SCHEMA: dict[str, Any] = ROOT_SCHEMA["properties"]["status"]
