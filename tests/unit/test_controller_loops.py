@@ -56,6 +56,8 @@ def _forget_metric_series() -> Iterator[None]:
     }
     for name in names:
         operator_metrics.forget(NS, name)
+
+
 T0 = 1_800_000_000.0
 ROOT_SCHEMA: dict[str, Any] = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 STATUS_SCHEMA: dict[str, Any] = ROOT_SCHEMA["properties"]["status"]

@@ -84,7 +84,7 @@ def apply_defaults(value: Any, schema: Schema) -> Any:
     return value
 
 
-def errors(value: Any, schema: Schema, path: str = "") -> list[str]:
+def errors(value: Any, schema: Schema, path: str = "") -> list[str]:  # noqa: C901 (a flat list of independent schema checks)
     """A small OpenAPI v3 validator for the subset the CRD uses (CEL rules are not evaluated)."""
     here = path or "<root>"
     if schema.get("x-kubernetes-int-or-string"):

@@ -216,7 +216,7 @@ def _plain_text(description: str) -> str:
 _MAX_DEPTH = 32
 
 
-def _structural(raw: Schema, defs: Schema, path: str) -> Schema:
+def _structural(raw: Schema, defs: Schema, path: str) -> Schema:  # noqa: C901 (one case per JSON-schema construct pydantic emits)
     if path.count(".") + path.count("[]") > _MAX_DEPTH:
         raise _at(path, f"nested deeper than {_MAX_DEPTH} levels (a recursive model cannot be structural)")
     node = _key_rules(_drop_null_branch(_deref(raw, defs, path), defs, path), path)

@@ -233,7 +233,7 @@ def _fmt(value: float | None, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:.3g}{unit}"
 
 
-def decide(inp: ScalingInput) -> Decision:
+def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision table)
     """The replica decision for one tick (see the module docstring for the rules and their sources)."""
     sig, plan, spec, rep, now = inp.signals, inp.plan, inp.scaling, inp.replicas, inp.now
     hi = max(spec.maxReplicas, 0)
@@ -326,7 +326,7 @@ def decide(inp: ScalingInput) -> Decision:
             pending_reason=rep.pending_reason if pending else "",
         )
 
-    def auto() -> Decision:
+    def auto() -> Decision:  # noqa: C901 (the ordered decision table)
         if current > hi:
             return out(hi, ScalingReason.ABOVE_MAX_REPLICAS, f"{current} replicas above maxReplicas {hi}")
         if current < lo:

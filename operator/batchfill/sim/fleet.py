@@ -250,7 +250,7 @@ def _window_sum(
     return completed, executions, queue, busy, lats
 
 
-def simulate_fleet(
+def simulate_fleet(  # noqa: C901 (the simulator's event loop)
     trace: Trace,
     config: FleetConfig,
     autoscaler: Autoscaler,
