@@ -247,7 +247,11 @@ def _fmt(x: float | None, unit: str = "", digits: int = 1) -> str:
 
 
 def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) -> ModelSignals:
-    """The :class:`ModelSignals` of one target from parsed query results (see the module docstring)."""
+    """The :class:`ModelSignals` of one target from parsed query results (see the module docstring).
+
+    Long because each empty, NaN and multi-series case of the six queries is spelled out in turn, as KEDA's
+    Prometheus scaler does.
+    """
     w = window_s
     where = f"model {target.model!r} in namespace {target.namespace!r}"
     if not target.ready_pods:

@@ -7,6 +7,9 @@ milliseconds, ``...Microseconds`` microseconds. Descriptions become the CRD's de
 
 Rules that span several fields carry a CEL rule (``x-kubernetes-validations``) so the API server enforces
 them, and are checked again in :mod:`batchfill.api.validate` so the same errors reach ``batchfill plan``.
+
+Long because it is the whole schema of one resource: every model here becomes part of the one CRD, and
+the field descriptions are the API's documentation.
 """
 
 from __future__ import annotations

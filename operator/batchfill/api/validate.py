@@ -70,7 +70,10 @@ def problems_from_validation_error(err: ValidationError, root: str = "spec") -> 
 
 
 def check_spec(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a flat list of independent field checks)
-    """Cross-field rules of a type-valid spec. Returns every problem (empty list: fine)."""
+    """Cross-field rules of a type-valid spec. Returns every problem (empty list: fine).
+
+    Long because it is a flat list of independent field checks.
+    """
     p: list[Problem] = []
     sla, b, model = spec.sla, spec.batching, spec.model
 

@@ -111,6 +111,10 @@ def cmd_demo(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every ``batchfill`` command.
+
+    Long because it is the table of every command's options, one add_argument each.
+    """
     parser = argparse.ArgumentParser(
         prog="batchfill",
         description="Serve models on Triton at the lowest GPU cost that meets a p99 latency SLA.",

@@ -153,6 +153,8 @@ def serve(
 
     tritonserver (its own process group) and the work directory are removed however it ends, Ctrl-C included;
     the command line turns SIGTERM into the same KeyboardInterrupt.
+
+    Long because the steps share one tritonserver's lifetime (start, measure, reload with the plan, load, stop).
     """
     spec = bm.spec
     example = example_of(bm)

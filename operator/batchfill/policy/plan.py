@@ -28,6 +28,9 @@ flatters it: the simulator lets its pending batch grow while the instance is bus
 reliably for a sparse preferred list.)
 
 Sources: Symphony (arXiv 2308.07470), Nexus (SOSP'19), Clockwork (OSDI'20), Triton's dynamic batcher docs.
+
+Long because the planner's steps (candidates, the seed rule, evaluation by simulation, the choice) share
+the candidate and evaluator types defined here; the batcher it simulates is in batchfill.sim.
 """
 
 from __future__ import annotations
@@ -488,6 +491,8 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
     Raises:
         SpecError: no profile, or an override that cannot keep the SLA (names the field and the numbers).
         InfeasibleSLAError: even batch size 1 does not fit the server budget.
+
+    Long because it reads as the plan's steps in order; each step is a function of its own.
     """
     _check_profile(spec)
     assert spec.profile is not None  # _check_profile raised otherwise

@@ -234,7 +234,11 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 
 def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision table)
-    """The replica decision for one tick (see the module docstring for the rules and their sources)."""
+    """The replica decision for one tick (see the module docstring for the rules and their sources).
+
+    Long because it is the ordered decision table: the first rule that applies returns, so the order of the
+    rules is the policy and reads best in one place.
+    """
     sig, plan, spec, rep, now = inp.signals, inp.plan, inp.scaling, inp.replicas, inp.now
     hi = max(spec.maxReplicas, 0)
     lo = min(max(spec.minReplicas, 0), hi)  # an invalid min > max: the GPU budget wins

@@ -179,6 +179,8 @@ def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, rep
     files from the source volume, and ``config.pbtxt`` from the ConfigMap, which replaces any config shipped
     with the model. ``config_hash`` in a pod-template annotation rolls the pods exactly when the config
     changes. ``replicas`` is the count to create with; the operator scales through the scale subresource.
+
+    Long because it is one Deployment manifest, field by field as the API shows it.
     """
     source, sub_path = _source_volume(spec)
     model = spec.model.name

@@ -114,6 +114,8 @@ def build_model_config(
 
     Triton reference: ``model_configuration.md`` (Maximum Batch Size, Inputs and Outputs, Instance Groups,
     Dynamic Batcher, Sequence Batcher) and ``model_config.proto`` (``ModelConfig``).
+
+    Long because it fills one ModelConfig message field by field, in the order of Triton's model_config.proto.
     """
     _check_plan(spec, plan)
     model = spec.model

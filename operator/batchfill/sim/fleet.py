@@ -267,6 +267,9 @@ def simulate_fleet(  # noqa: C901 (the simulator's event loop)
 
     Returns:
         A :class:`FleetRun` with GPU time, SLO attainment, the latency histogram and the tick timeline.
+
+    Long because the event loop keeps arrivals, ticks, scrapes and replica start-ups in one time order; each
+    step's state is local to the loop.
     """
     cfg = config
     step = cfg.scrape_s
