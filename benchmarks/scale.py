@@ -62,7 +62,7 @@ from rich.console import Console
 from rich.table import Table
 
 from batchfill.api.reasons import ConditionType
-from batchfill.api.spec import GROUP, KIND, PLURAL, VERSION
+from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from batchfill.cli.shutdown import sigterm_as_interrupt
 from batchfill.controller.desired import plan_cache
 from batchfill.controller.settings import OperatorSettings
@@ -121,7 +121,7 @@ def fleet(models: int, ns_count: int, distinct: int, seed: int) -> list[dict[str
     names = namespaces(ns_count)
     return [
         {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": API_VERSION,
             "kind": KIND,
             "metadata": {"name": f"bm-{i:04d}", "namespace": names[i * ns_count // models]},
             "spec": variants[i % distinct],

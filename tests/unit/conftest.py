@@ -5,9 +5,11 @@ from typing import Any
 
 import pytest
 
+from batchfill.api.spec import API_VERSION, KIND
+
 SEED_DOC: dict[str, Any] = {
-    "apiVersion": "batchfill.io/v1alpha1",
-    "kind": "BatchedModel",
+    "apiVersion": API_VERSION,
+    "kind": KIND,
     "metadata": {"name": "resnet50", "namespace": "ml"},
     "spec": {
         "model": {"name": "resnet50", "platform": "onnxruntime_onnx"},

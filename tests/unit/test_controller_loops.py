@@ -29,6 +29,9 @@ from batchfill.adapters.kube import FIELD_MANAGER, KubeNotFoundError, KubePerman
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.crd import build_crd
+from batchfill.api.reasons import ConditionType, EventReason, ReplanReason, ScalingReason, SignalsReason
+from batchfill.api.spec import API_VERSION, KIND
+from batchfill.api.status import PlannedProfileSource
 from batchfill.controller.desired import desired_state
 from batchfill.controller.loops import ProfilingLoop, ScalingLoop
 from batchfill.controller.profiling import UNREAD_WARNING_S
@@ -229,8 +232,8 @@ class FakeKube:
 
     def create_model(self, name: str, spec: Mapping[str, Any]) -> None:
         body = {
-            "apiVersion": "batchfill.io/v1alpha1",
-            "kind": "BatchedModel",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {
                 "name": name,
                 "namespace": NS,
@@ -428,7 +431,7 @@ def test_scaling_ticks_steady_then_scale_out_then_capacity_on_the_way(kube: Fake
     assert writes(kube) == [
         ("status", ["appliedReplicas", "conditions", "desiredReplicas", "lastScaleReason", "observed",
                     "readyReplicas", "replicas", "scalingHistory"]),
-        ("event", "HoldWithinTolerance"),
+        ("event", ScalingReason.HOLD_WITHIN_TOLERANCE),
     ]  # fmt: skip
     reads = [c for c in kube.calls if c[0] not in WRITES]
     assert reads == [
@@ -443,7 +446,7 @@ def test_scaling_ticks_steady_then_scale_out_then_capacity_on_the_way(kube: Fake
     assert (memory.last_tick, memory.holding, memory.monitored) == (T0, 1, False)
     status = stored(kube, "m")["status"]
     assert (status["desiredReplicas"], status["appliedReplicas"], status["lastScaleReason"]) == (
-        1, 1, "HoldWithinTolerance")  # fmt: skip
+        1, 1, ScalingReason.HOLD_WITHIN_TOLERANCE)  # fmt: skip
 
     kube.calls.clear()
     gpu_hours = gpu_hours_of("m")
@@ -461,7 +464,7 @@ def test_scaling_ticks_steady_then_scale_out_then_capacity_on_the_way(kube: Fake
         ("status", ["appliedReplicas", "desiredReplicas", "lastScaleReason", "lastScaleTime", "observed",
                     "scalingHistory"]),
         ("scale", 2),
-        ("event", "ScaleOutSaturated"),
+        ("event", ScalingReason.SCALE_OUT_SATURATED),
     ]  # fmt: skip
     assert replicas(kube, "m") == 2
     assert stored(kube, "m")["status"]["appliedReplicas"] == 2
@@ -473,7 +476,7 @@ def test_scaling_ticks_steady_then_scale_out_then_capacity_on_the_way(kube: Fake
     loop.tick(T0 + 45)
     assert writes(kube) == [
         ("status", ["conditions", "lastScaleReason", "replicas"]),  # Ready: 1/2; the same vote as the last one
-        ("event", "HoldCapacityOnTheWay"),
+        ("event", ScalingReason.HOLD_CAPACITY_ON_THE_WAY),
     ]
     assert replicas(kube, "m") == 2, "no second step for the same evidence"
     assert loop.memory["uid-bm-m"].holding == 2, "the starting pod holds its GPU too"
@@ -517,7 +520,7 @@ def test_a_hand_edited_replica_count_is_restored_in_auto(kube: FakeKube) -> None
     dep = kube.objects[(*DEPLOYMENT, NS, "m-triton")]
     kube.set_replicas(dep, 3, "kubectl", subresource="scale")  # kubectl scale --replicas 3
     loop.tick(T0 + 15)
-    assert writes(kube) == [("status", ["lastScaleTime"]), ("scale", 1), ("event", "ManualScaleReverted")]
+    assert writes(kube) == [("status", ["lastScaleTime"]), ("scale", 1), ("event", EventReason.MANUAL_SCALE_REVERTED)]
     [(_, _, message)] = kube.events
     assert message.startswith("Deployment replicas 3 were set outside batchfill by kubectl;"), message
     assert replicas(kube, "m") == 1
@@ -544,8 +547,8 @@ def test_a_scale_refused_after_its_status_landed_is_resumed_by_the_next_operator
     assert writes(kube) == [
         ("status", ["lastScaleReason", "lastScaleTime"]),
         ("scale", 2),
-        ("event", "ScaleResumed"),
-        ("event", "HoldCapacityOnTheWay"),  # 2 replicas for the load, 1 Ready: no second step
+        ("event", EventReason.SCALE_RESUMED),
+        ("event", ScalingReason.HOLD_CAPACITY_ON_THE_WAY),  # 2 replicas for the load, 1 Ready: no second step
     ]
     assert replicas(kube, "m") == 2
     history = restarted.memory["uid-bm-m"].history
@@ -606,7 +609,7 @@ def test_a_deployment_deleted_by_hand_is_applied_again_instead_of_scaled(kube: F
         ("apply", "ConfigMap"),
         ("apply", "Deployment"),
         ("apply", "Service"),
-        ("event", "Deployed"),
+        ("event", EventReason.DEPLOYED),
         ("status", ["conditions", "readyReplicas", "replicas"]),  # the new Deployment has no pods yet
     ]
     assert ("get", "Deployment", NS, "m-triton") in kube.calls, "a Deployment missing from the cache is asked for"
@@ -654,16 +657,16 @@ def test_prometheus_down_holds_and_warns_once(kube: FakeKube) -> None:
     kube.calls.clear()
     kube.events.clear()
 
-    prom.failure = QueryFailure("PrometheusUnavailable", "connection refused")
+    prom.failure = QueryFailure(SignalsReason.PROMETHEUS_UNAVAILABLE, "connection refused")
     loop.tick(T0 + 15)
     assert writes(kube) == [
         ("status", ["conditions", "lastScaleReason", "observed"]),
-        ("event", "HoldMetricsUnknown"),
+        ("event", ScalingReason.HOLD_METRICS_UNKNOWN),
     ]
     assert kube.events[0][0] == "Warning"
-    metrics = find(stored(kube, "m")["status"]["conditions"], "MetricsAvailable")
+    metrics = find(stored(kube, "m")["status"]["conditions"], ConditionType.METRICS_AVAILABLE)
     assert metrics is not None
-    assert (metrics["status"], metrics["reason"]) == ("False", "PrometheusUnavailable")
+    assert (metrics["status"], metrics["reason"]) == ("False", SignalsReason.PROMETHEUS_UNAVAILABLE)
     kube.calls.clear()
     loop.tick(T0 + 30)
     assert writes(kube) == [], "once per outage"
@@ -735,7 +738,7 @@ def test_profiling_ticks_baseline_then_adopt_then_a_restarted_triton(
     kube: FakeKube, tritons: dict[str, dict[str, Any]]
 ) -> None:
     planned_model(kube, "p", PROFILING_SPEC)
-    assert stored(kube, "p")["status"]["plannedProfile"]["source"] == "FirstPlan"
+    assert stored(kube, "p")["status"]["plannedProfile"]["source"] == PlannedProfileSource.FIRST_PLAN
     tritons["10.244.0.10:8000"] = triton_stats({1: 5})  # warm-up
     loop = profiling_loop(kube)
 
@@ -750,17 +753,17 @@ def test_profiling_ticks_baseline_then_adopt_then_a_restarted_triton(
     assert [c for c in kube.calls if c[0] == "get_batched_model"] == [("get_batched_model", NS, "p")] * 2
     assert writes(kube) == [
         ("status", ["measuredProfile", "plannedProfile"]),
-        ("event", "ProfileMeasured"),
+        ("event", ReplanReason.PROFILE_MEASURED),
         ("apply", "ConfigMap"),
         ("apply", "Deployment"),
         ("apply", "Service"),
-        ("event", "ConfigChanged"),
+        ("event", EventReason.CONFIG_CHANGED),
         ("status", ["conditions", "plan", "readyReplicas", "replicas"]),  # the pod Ready since the handler ran
     ]
     status = stored(kube, "p")["status"]
     points = {p["batchSize"]: p["latencyMs"] for p in status["measuredProfile"]["points"]}
     assert (points[1], points[3]) == (pytest.approx(46.0), pytest.approx(58.0))
-    assert (status["measuredProfile"]["pods"], status["plannedProfile"]["source"]) == (1, "Measured")
+    assert (status["measuredProfile"]["pods"], status["plannedProfile"]["source"]) == (1, PlannedProfileSource.MEASURED)
     assert loop.memory["uid-bm-p"].baselines == memory.baselines, "the baseline stays the first read"
 
     kube.calls.clear()
@@ -794,7 +797,7 @@ def test_unreadable_statistics_warn_once_after_two_minutes(kube: FakeKube, trito
         if t < UNREAD_WARNING_S or t == 150.0:
             assert writes(kube) == [], t
         else:
-            assert writes(kube) == [("event", "StatisticsUnavailable")]
+            assert writes(kube) == [("event", EventReason.STATISTICS_UNAVAILABLE)]
             [(type_, _, message)] = kube.events
             assert type_ == "Warning"
             assert message.startswith(

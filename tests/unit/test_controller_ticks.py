@@ -12,6 +12,7 @@ import pytest
 
 import batchfill.controller
 from batchfill.adapters.pod_stats import PodBatchStats, PodStatsError
+from batchfill.api.reasons import ConditionReason, ConditionType, EventReason, ScalingReason, SignalsReason
 from batchfill.controller.profiling import (
     UNREAD_WARNING_S,
     ProfileInputs,
@@ -120,7 +121,7 @@ def test_a_pod_turning_unreadable_is_noted_once_and_a_warning_needs_all_pods_sil
         ticks.append(measure_profile(BODY, none, ticks[-1].memory, now=t, port=8000))
     assert [len(t.warnings) for t in ticks] == [0, 0, 1, 0, 1], "after 120 s silent, then once per replan interval"
     assert ticks[0].memory.unread_since == T0 + 120
-    assert ticks[2].warnings[0][:2] == ("Warning", "StatisticsUnavailable")
+    assert ticks[2].warnings[0][:2] == ("Warning", EventReason.STATISTICS_UNAVAILABLE)
 
 
 def test_a_spec_without_a_model_name_is_not_measured() -> None:
@@ -141,7 +142,10 @@ SCALING_BODY: dict[str, Any] = {
         "profile": [{"batchSize": b, "latencyMs": 41 + 6.2 * b} for b in (1, 2, 4, 8, 16)],
         "scaling": {"minReplicas": 1, "maxReplicas": 3, "targetUtilization": 0.8, "mode": "Auto"},
     },
-    "status": {"observedGeneration": 1, "conditions": [{"type": "Planned", "status": "True", "reason": "Planned"}]},
+    "status": {
+        "observedGeneration": 1,
+        "conditions": [{"type": ConditionType.PLANNED, "status": "True", "reason": ConditionReason.PLANNED}],
+    },
 }
 
 
@@ -172,7 +176,7 @@ def test_decide_scale_is_a_function_of_its_inputs_and_memory() -> None:
     assert (inputs, memory) == frozen, "nothing it was given changed"
     assert plan.scale == ("m-triton", 2)
     assert plan.status["appliedReplicas"] == 2
-    assert [e[1] for e in plan.events] == ["ScaleOutSaturated"]
+    assert [e[1] for e in plan.events] == [ScalingReason.SCALE_OUT_SATURATED]
     assert plan.metrics is not None
     assert (plan.metrics.elapsed_s, plan.metrics.gpu_holding_replicas) == (15.0, 1)
 
@@ -187,11 +191,11 @@ def test_the_memory_kept_depends_on_whether_the_status_write_landed() -> None:
 
 
 def test_an_unknown_signal_holds_and_says_why_once() -> None:
-    unknown = ModelSignals.unknown("PrometheusUnavailable", "connection refused")
+    unknown = ModelSignals.unknown(SignalsReason.PROMETHEUS_UNAVAILABLE, "connection refused")
     plan = decide_scale(scale_inputs(unknown), ScalingMemory(), now=T0, interval_s=15.0)
     assert plan.scale is None
-    assert plan.status["lastScaleReason"] == "HoldMetricsUnknown"
-    assert [(e[0], e[1]) for e in plan.events] == [("Warning", "HoldMetricsUnknown")]
+    assert plan.status["lastScaleReason"] == ScalingReason.HOLD_METRICS_UNKNOWN
+    assert [(e[0], e[1]) for e in plan.events] == [("Warning", ScalingReason.HOLD_METRICS_UNKNOWN)]
     assert "observed" not in plan.status, "unknown is not zero: no status.observed values"
 
 

@@ -122,7 +122,13 @@ def test_a_new_declared_profile_wins_over_an_older_measurement() -> None:
 
 
 def test_a_hand_edited_planned_profile_is_ignored_not_crashed_on() -> None:
-    status = {"plannedProfile": {"source": "Measured", "points": [{"batchSize": "x"}], "declaredHash": "none"}}
+    status = {
+        "plannedProfile": {
+            "source": PlannedProfileSource.MEASURED,
+            "points": [{"batchSize": "x"}],
+            "declaredHash": "none",
+        }
+    }
     assert adopted_profile(SPEC, status) is None
 
 
@@ -157,7 +163,7 @@ def test_unsorted_or_duplicate_hand_edited_points_are_not_adopted() -> None:
     for points in ([{"batchSize": 4, "latencyMs": 9}, {"batchSize": 2, "latencyMs": 8}],
                    [{"batchSize": 2, "latencyMs": 8}, {"batchSize": 2, "latencyMs": 9}],
                    [{"batchSize": 1, "latencyMs": -1}]):  # fmt: skip
-        status = {"plannedProfile": {"source": "Measured", "points": points, "declaredHash": "none"}}
+        status = {"plannedProfile": {"source": PlannedProfileSource.MEASURED, "points": points, "declaredHash": "none"}}
         assert adopted_profile(SPEC, status) is None, points
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from batchfill.api.errors import SpecError
+from batchfill.api.spec import API_VERSION, KIND
 from batchfill.api.validate import load_model
 from batchfill.render.kube import (
     CONFIG_HASH_ANNOTATION,
@@ -52,8 +53,8 @@ def test_every_child_is_owned_by_its_batchedmodel() -> None:
         refs = obj["metadata"]["ownerReferences"]
         assert refs == [
             {
-                "apiVersion": "batchfill.io/v1alpha1",
-                "kind": "BatchedModel",
+                "apiVersion": API_VERSION,
+                "kind": KIND,
                 "name": "resnet50",
                 "uid": "1234-abcd",
                 "controller": True,

@@ -79,15 +79,6 @@ SeriesKey = tuple[str, str, str]
 #: (namespace, BatchedModel name): the key of :func:`aggregate`'s and :meth:`PrometheusSignals.fetch`'s answer.
 TargetKey = tuple[str, str]
 
-#: The Unknown reasons by their former names here (controller/reconcile.py imports two); use SignalsReason.
-PROMETHEUS_UNAVAILABLE = SignalsReason.PROMETHEUS_UNAVAILABLE
-PROMETHEUS_TIMEOUT = SignalsReason.PROMETHEUS_TIMEOUT
-PROMETHEUS_ERROR = SignalsReason.PROMETHEUS_ERROR
-NO_SERIES = SignalsReason.NO_SERIES
-NO_READY_PODS = SignalsReason.NO_READY_PODS
-INVALID_VALUE = SignalsReason.INVALID_VALUE
-STALLED = SignalsReason.STALLED
-
 GROUP_BY = "namespace, pod, model"
 
 #: Signal name -> Triton counter. Each goes through ``increase`` per series, then ``sum``.

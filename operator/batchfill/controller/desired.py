@@ -16,14 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchfill.api.errors import Problem, SpecError
-from batchfill.api.spec import BatchedModelSpec, ProfilePoint, ProfileSource
-from batchfill.api.status import PlanStatus
+from batchfill.api.spec import API_VERSION, KIND, BatchedModelSpec, ProfilePoint, ProfileSource
+from batchfill.api.status import PlannedProfileSource, PlanStatus
 from batchfill.api.validate import load_model
 from batchfill.policy.plan import PlanResult, first_plan, plan_batching
 from batchfill.render import config_hash, render_model_config
 
-#: status.plannedProfile.source values.
-DECLARED, MEASURED, FIRST_PLAN = "Declared", "Measured", "FirstPlan"
 #: A measured profile: ((batch size, latency ms), ...).
 Measured = tuple[tuple[int, float], ...]
 
@@ -41,7 +39,7 @@ class Desired:
     plan_status: PlanStatus
     config: str
     config_hash: str
-    profile_source: str = DECLARED
+    profile_source: PlannedProfileSource = PlannedProfileSource.DECLARED
 
 
 def profile_hash(profile: Any) -> str:
@@ -57,7 +55,7 @@ def adopted_profile(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Measu
     planned = status.get("plannedProfile") or {}
     points = planned.get("points") or []
     if (
-        planned.get("source") != MEASURED
+        planned.get("source") != PlannedProfileSource.MEASURED
         or not points
         or planned.get("declaredHash") != profile_hash(spec.get("profile"))
     ):
@@ -79,23 +77,25 @@ PLAN_CACHE_SIZE = 4096
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-def plan_cache(spec_json: str, measured: Measured | None) -> tuple[BatchedModelSpec, PlanResult, str, str]:
+def plan_cache(
+    spec_json: str, measured: Measured | None
+) -> tuple[BatchedModelSpec, PlanResult, str, PlannedProfileSource]:
     """The plan cache: (validated spec, plan, config.pbtxt, profile source) of a spec given as sorted JSON.
 
     ``measured`` points, when given, replace spec.profile. ``plan_cache.cache_info()`` reports its use
     (benchmarks/scale.py). Raises :class:`SpecError` (not cached: the next call validates again).
     """
-    bm = load_model({"apiVersion": "batchfill.io/v1alpha1", "kind": "BatchedModel", "spec": json.loads(spec_json)})
+    bm = load_model({"apiVersion": API_VERSION, "kind": KIND, "spec": json.loads(spec_json)})
     spec = bm.spec
     if spec.profiling.source == ProfileSource.DECLARED and not spec.profile:
         raise SpecError([Problem("spec.profiling.source", "=Declared needs spec.profile (or use Measured)")])
     if measured:
         points = [ProfilePoint(batchSize=b, latencyMs=ms) for b, ms in measured]
-        result, source = plan_batching(spec.model_copy(update={"profile": points})), MEASURED
+        result, source = plan_batching(spec.model_copy(update={"profile": points})), PlannedProfileSource.MEASURED
     elif spec.profile:
-        result, source = plan_batching(spec), DECLARED
+        result, source = plan_batching(spec), PlannedProfileSource.DECLARED
     else:
-        result, source = first_plan(spec), FIRST_PLAN
+        result, source = first_plan(spec), PlannedProfileSource.FIRST_PLAN
     return spec, result, render_model_config(spec, result.to_status()), source
 
 

@@ -27,6 +27,7 @@ from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.metrics import PrometheusSignals
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.errors import Problem, SpecError
+from batchfill.api.reasons import SpecReason
 from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.controller.loops import ProfilingLoop, ScalingLoop
 from batchfill.controller.reconcile import SpecRejectedError, emitter, reconcile
@@ -35,7 +36,7 @@ from batchfill.controller.status import rejection_status
 from batchfill.render.kube import CHILDREN_SELECTOR
 
 log = logging.getLogger("batchfill")
-ANNOTATION_PREFIX = "batchfill.io"
+ANNOTATION_PREFIX = GROUP  # kopf's progress and diff-base annotations: batchfill.io/...
 
 
 def _kube(memo: Any) -> Kube:
@@ -100,10 +101,10 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int) -> No
     except KubeTemporaryError as err:
         raise kopf.TemporaryError(str(err), delay=err.delay_s * min(2**retry, 12)) from None
     except KubePermanentError as err:
-        emit("Warning", "ApplyRejected", str(err))
+        emit("Warning", SpecReason.APPLY_REJECTED, str(err))
         # a condition too, or `kubectl get bm` would show the previous generation's plan as if it were served
         problem = Problem("spec", f"the API server rejected a child object built from it: {err}")
-        failed = rejection_status(SpecError([problem], reason="ApplyRejected"), body.get("status") or {},
+        failed = rejection_status(SpecError([problem], reason=SpecReason.APPLY_REJECTED), body.get("status") or {},
                                   body["metadata"].get("generation"), time.time())  # fmt: skip
         for key, value in failed.items():
             patch.status[key] = value

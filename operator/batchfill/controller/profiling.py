@@ -31,9 +31,10 @@ from typing import Any
 from batchfill.adapters.kube import Kube
 from batchfill.adapters.pod_stats import PodBatchStats, PodStatsError
 from batchfill.api.errors import SpecError
+from batchfill.api.reasons import EventReason, ReplanReason
 from batchfill.api.spec import BatchedModelSpec, ProfileSource
-from batchfill.api.status import PlanStatus
-from batchfill.controller.desired import MEASURED, adopted_profile, desired_state, profile_hash
+from batchfill.api.status import PlannedProfileSource, PlanStatus
+from batchfill.controller.desired import adopted_profile, desired_state, profile_hash
 from batchfill.controller.reconcile import Event, log_event, reapply
 from batchfill.controller.status import parse_time, ready_pod_ips
 from batchfill.policy import conditions as cond
@@ -249,7 +250,7 @@ def _unread(
     if now - since < UNREAD_WARNING_S or now - last < interval:
         return memory, notes, ()
     ip, err = failed[0]
-    warning = ("Warning", "StatisticsUnavailable", (
+    warning = ("Warning", EventReason.STATISTICS_UNAVAILABLE, (
         f"for {now - since:.0f} s Triton statistics of none of the {ready} Ready pod(s) could be read on port "
         f"{port} (e.g. {ip}: {err}); the profile is not being measured"
     ))  # fmt: skip
@@ -356,7 +357,7 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
     prof = spec.profiling
     planned = status.get("plannedProfile") or {}
     adopted = None
-    if desired.profile_source == MEASURED:
+    if desired.profile_source == PlannedProfileSource.MEASURED:
         adopted = [FittedPoint(int(p["batchSize"]), float(p["latencyMs"]), int(p.get("executions", 0)))
                    for p in planned.get("points") or []]  # fmt: skip
     limit = _batch_limit(spec, plan, adopted)
@@ -384,11 +385,11 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
             last = parse_time((status.get("measuredProfile") or {}).get("measuredAt"))
             fresh = last is not None and now - last < prof.replanIntervalSeconds
             if fresh:
-                return ProfileTick({}, reason="MeasuredProfileInfeasible")
-            return ProfileTick({"measuredProfile": measured_status}, (("Warning", "MeasuredProfileInfeasible",
-                               message),), reason="MeasuredProfileInfeasible")  # fmt: skip
+                return ProfileTick({}, reason=ReplanReason.MEASURED_PROFILE_INFEASIBLE)
+            warning = ("Warning", ReplanReason.MEASURED_PROFILE_INFEASIBLE, message)
+            return ProfileTick({"measuredProfile": measured_status}, (warning,), reason=warning[1])
         new_planned = {
-            "source": MEASURED,
+            "source": PlannedProfileSource.MEASURED,
             "points": _points(fitted),
             "since": cond.rfc3339(now),
             "reason": decision.reason,

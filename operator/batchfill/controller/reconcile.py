@@ -21,6 +21,7 @@ from typing import Any
 
 from batchfill.adapters.kube import Kube, KubeNotFoundError
 from batchfill.api.errors import SpecError
+from batchfill.api.reasons import ConditionType, EventReason
 from batchfill.controller.desired import adopted_profile, desired_state
 from batchfill.controller.status import changed_fields, desired_status, rejection_status
 from batchfill.policy import conditions as cond
@@ -88,7 +89,7 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
         build_deployment(owner, desired.spec, desired.config_hash, desired.spec.scaling.minReplicas)
     except SpecError as err:
         rejected = rejection_status(err, status, generation, now)
-        previous = cond.find(status.get("conditions"), cond.PLANNED)
+        previous = cond.find(status.get("conditions"), ConditionType.PLANNED)
         message = "; ".join(str(p) for p in err.problems)
         if not (previous and previous.get("observedGeneration") == generation and previous.get("message") == message):
             emit("Warning", err.reason, message)  # once per generation, not on every resume
@@ -111,9 +112,13 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
         CONFIG_HASH_ANNOTATION
     )
     if existing is None:
-        emit("Normal", "Deployed", f"created Triton Deployment with config {desired.config_hash}")
+        emit("Normal", EventReason.DEPLOYED, f"created Triton Deployment with config {desired.config_hash}")
     elif old_hash != desired.config_hash:
-        emit("Normal", "ConfigChanged", f"config.pbtxt {old_hash} -> {desired.config_hash}: rolling the pods once")
+        emit(
+            "Normal",
+            EventReason.CONFIG_CHANGED,
+            f"config.pbtxt {old_hash} -> {desired.config_hash}: rolling the pods once",
+        )
 
     wanted = desired_status(body, desired, deployment, now=now)
     return changed_fields(status, wanted)

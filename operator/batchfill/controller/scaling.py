@@ -25,10 +25,12 @@ from typing import Any
 
 from batchfill.adapters import operator_metrics
 from batchfill.adapters.kube import FIELD_MANAGER, Kube, KubePermanentError, KubeTemporaryError
-from batchfill.adapters.metrics import NO_READY_PODS, NO_SERIES, SignalTarget
+from batchfill.adapters.metrics import SignalTarget
 from batchfill.api.errors import SpecError
+from batchfill.api.reasons import ConditionType, EventReason, ScalingReason, SignalsReason
 from batchfill.api.spec import ScalingMode
-from batchfill.controller.desired import FIRST_PLAN, Desired, adopted_profile, desired_state
+from batchfill.api.status import ConditionStatus, PlannedProfileSource
+from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.reconcile import SERVICE_MONITOR, Event, apply_service_monitor, log_event, reapply
 from batchfill.controller.status import (
     PodCounts,
@@ -61,7 +63,9 @@ log = logging.getLogger("batchfill")
 
 #: Decision reasons that are posted as Warning events (the rest are Normal).
 #: (HoldMetricsUnknown has its own rule: once per MetricsAvailable=False reason, see _scale_events.)
-WARNING_REASONS = frozenset({"HoldReplicasPending", "AtMaxReplicas", "HoldNoCapacity"})
+WARNING_REASONS = frozenset(
+    {ScalingReason.HOLD_REPLICAS_PENDING, ScalingReason.AT_MAX_REPLICAS, ScalingReason.HOLD_NO_CAPACITY}
+)
 
 #: The signals of one model's Ready pods (SignalHub.signals); never raises for Prometheus trouble.
 ReadSignals = Callable[[SignalTarget], ModelSignals]
@@ -177,8 +181,12 @@ def planned_desired(body: Mapping[str, Any]) -> Desired | None:
     """The plan a scaling tick works with: None unless the current generation was handled and planned."""
     meta, spec = body["metadata"], body.get("spec") or {}
     status: Mapping[str, Any] = body.get("status") or {}
-    planned = cond.find(status.get("conditions"), cond.PLANNED)
-    if not planned or planned.get("status") != cond.TRUE or status.get("observedGeneration") != meta.get("generation"):
+    planned = cond.find(status.get("conditions"), ConditionType.PLANNED)
+    if (
+        not planned
+        or planned.get("status") != ConditionStatus.TRUE
+        or status.get("observedGeneration") != meta.get("generation")
+    ):
         return None
     try:
         return desired_state(spec, adopted_profile(spec, status))
@@ -331,26 +339,30 @@ def _scale_events(
         others = sorted(set(managers) - {FIELD_MANAGER})
         if others or not managers:
             by = f" by {', '.join(others)}" if others else ""
-            events.append(("Normal", "ManualScaleReverted", f"Deployment replicas {restored} were set outside "
-                           f"batchfill{by}; scaling.mode Auto owns them: set {target} (use scaling.mode "
+            events.append(("Normal", EventReason.MANUAL_SCALE_REVERTED, f"Deployment replicas {restored} were set "
+                           f"outside batchfill{by}; scaling.mode Auto owns them: set {target} (use scaling.mode "
                            "Off to scale by hand)"))  # fmt: skip
         else:  # batchfill's own last count: its scale to `applied` was recorded in status but never reached it
-            events.append(("Normal", "ScaleResumed", f"{restored} -> {target}: status recorded a scale to "
-                           f"{applied} that had not reached the Deployment (the operator stopped, or the API "
+            events.append(("Normal", EventReason.SCALE_RESUMED, f"{restored} -> {target}: status recorded a scale "
+                           f"to {applied} that had not reached the Deployment (the operator stopped, or the API "
                            "refused it, between the two writes)"))  # fmt: skip
     if decision.apply:
         events.append(("Normal", decision.reason, f"{current} -> {decision.desired_replicas}: {decision.message}"))
-    elif decision.reason != status.get("lastScaleReason") and decision.reason != "HoldMetricsUnknown":
+    elif decision.reason != status.get("lastScaleReason") and decision.reason != ScalingReason.HOLD_METRICS_UNKNOWN:
         # a first plan has no capacity by design: holding is expected there, not a warning
-        expected = decision.reason == "HoldNoCapacity" and desired.profile_source == FIRST_PLAN
+        expected = (
+            decision.reason == ScalingReason.HOLD_NO_CAPACITY
+            and desired.profile_source == PlannedProfileSource.FIRST_PLAN
+        )
         kind = "Warning" if decision.reason in WARNING_REASONS and not expected else "Normal"
         events.append((kind, decision.reason, decision.message))
     metrics = scaling_conditions(decision, signals)[0]
-    before = cond.find(status.get("conditions"), cond.METRICS_AVAILABLE) or {}
-    if metrics.status == cond.FALSE and (before.get("status"), before.get("reason")) != (cond.FALSE, metrics.reason):
+    before = cond.find(status.get("conditions"), ConditionType.METRICS_AVAILABLE) or {}
+    outage = (ConditionStatus.FALSE, metrics.reason)
+    if metrics.status == ConditionStatus.FALSE and (before.get("status"), before.get("reason")) != outage:
         # once per outage: Prometheus trouble is a Warning; pods not scraped yet (a new model or pod) are expected
-        expected_gap = signals.reason in (NO_SERIES, NO_READY_PODS)
-        events.append(("Normal" if expected_gap else "Warning", "HoldMetricsUnknown", decision.message))
+        expected_gap = signals.reason in (SignalsReason.NO_SERIES, SignalsReason.NO_READY_PODS)
+        events.append(("Normal" if expected_gap else "Warning", ScalingReason.HOLD_METRICS_UNKNOWN, decision.message))
     return tuple(events)
 
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchfill.api.errors import SpecError
-from batchfill.controller.desired import FIRST_PLAN, MEASURED, Desired, profile_hash
+from batchfill.api.reasons import ConditionReason, ConditionType, SpecReason
+from batchfill.api.status import ConditionStatus, PlannedProfileSource
+from batchfill.controller.desired import Desired, profile_hash
 from batchfill.policy import conditions as cond
 from batchfill.policy.plan import significant
 from batchfill.policy.scaling import Decision, Recommendation
@@ -27,22 +29,24 @@ _OBSERVED_DIGITS = 3  # significant digits of status.observed: finer noise would
 def rejection_status(err: SpecError, status: Mapping[str, Any], generation: int | None, now: float) -> dict[str, Any]:
     """Conditions for a spec that cannot be served (the fields named in the message)."""
     message = "; ".join(str(p) for p in err.problems)
-    infeasible = err.reason == "SLAInfeasible"
+    infeasible = err.reason == SpecReason.SLA_INFEASIBLE
     updates = [
         cond.ConditionUpdate(
-            cond.CONFIG_VALID,
-            cond.TRUE if infeasible else cond.FALSE,
-            "Valid" if infeasible else err.reason,
+            ConditionType.CONFIG_VALID,
+            ConditionStatus.TRUE if infeasible else ConditionStatus.FALSE,
+            ConditionReason.VALID if infeasible else err.reason,
             "" if infeasible else message,
         ),
         cond.ConditionUpdate(
-            cond.SLA_FEASIBLE,
-            cond.FALSE if infeasible else cond.UNKNOWN,
-            err.reason if infeasible else "InvalidSpec",
+            ConditionType.SLA_FEASIBLE,
+            ConditionStatus.FALSE if infeasible else ConditionStatus.UNKNOWN,
+            err.reason if infeasible else SpecReason.INVALID_SPEC,
             message if infeasible else "",
         ),
-        cond.ConditionUpdate(cond.PLANNED, cond.FALSE, err.reason, message),
-        cond.ConditionUpdate(cond.READY, cond.FALSE, err.reason, "the spec cannot be served; see Planned"),
+        cond.ConditionUpdate(ConditionType.PLANNED, ConditionStatus.FALSE, err.reason, message),
+        cond.ConditionUpdate(
+            ConditionType.READY, ConditionStatus.FALSE, err.reason, "the spec cannot be served; see Planned"
+        ),
     ]
     return {
         "observedGeneration": generation,
@@ -68,38 +72,42 @@ def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dic
 def _reconciled_conditions(desired: Desired, ready: int, total: int) -> list[cond.ConditionUpdate]:
     """ConfigValid, SLAFeasible, Planned and Ready of a spec whose plan is served."""
     plan = desired.plan_status
-    first = desired.profile_source == FIRST_PLAN
+    first = desired.profile_source == PlannedProfileSource.FIRST_PLAN
     settings = (
         f"max_batch_size {plan.maxBatchSize}, max_queue_delay_microseconds {plan.maxQueueDelayMicroseconds}, "
         f"config {desired.config_hash}"
     )
     return [
-        cond.ConditionUpdate(cond.CONFIG_VALID, cond.TRUE, "Valid"),
+        cond.ConditionUpdate(ConditionType.CONFIG_VALID, ConditionStatus.TRUE, ConditionReason.VALID),
         cond.ConditionUpdate(
-            cond.SLA_FEASIBLE,
-            cond.UNKNOWN,
-            "ProfileNotMeasured",
+            ConditionType.SLA_FEASIBLE,
+            ConditionStatus.UNKNOWN,
+            ConditionReason.PROFILE_NOT_MEASURED,
             "no profile yet: measuring execution latency per batch size from Triton's statistics",
         )
         if first
         else cond.ConditionUpdate(
-            cond.SLA_FEASIBLE,
-            cond.TRUE,
-            "Feasible",
+            ConditionType.SLA_FEASIBLE,
+            ConditionStatus.TRUE,
+            ConditionReason.FEASIBLE,
             f"capacity {plan.capacityPerReplicaRps:g} req/s per replica within {plan.serverBudgetMs:g} ms",
         ),
         cond.ConditionUpdate(
-            cond.PLANNED,
-            cond.TRUE,
-            "FirstPlan"
+            ConditionType.PLANNED,
+            ConditionStatus.TRUE,
+            ConditionReason.FIRST_PLAN
             if first
-            else ("PlannedFromMeasuredProfile" if desired.profile_source == MEASURED else "Planned"),
+            else (
+                ConditionReason.PLANNED_FROM_MEASURED_PROFILE
+                if desired.profile_source == PlannedProfileSource.MEASURED
+                else ConditionReason.PLANNED
+            ),
             f"{settings}; capacity unknown until the profile is measured" if first else settings,
         ),
         cond.ConditionUpdate(
-            cond.READY,
-            cond.TRUE if ready > 0 else cond.FALSE,
-            "ReplicasReady" if ready > 0 else "NoReadyReplicas",
+            ConditionType.READY,
+            ConditionStatus.TRUE if ready > 0 else ConditionStatus.FALSE,
+            ConditionReason.REPLICAS_READY if ready > 0 else ConditionReason.NO_READY_REPLICAS,
             f"{ready}/{total} Triton replicas ready",
         ),
     ]
@@ -129,17 +137,16 @@ def desired_status(
     ready = int(dep_status.get("readyReplicas") or 0)
     total = int(dep_status.get("replicas") or 0)
     updates = [*_reconciled_conditions(desired, ready, total), *extra]
-    warnings = [w for w in desired.plan.warnings if w.condition == cond.BATCHING_EFFECTIVE]
+    batching = ConditionType.BATCHING_EFFECTIVE
+    warnings = [w for w in desired.plan.warnings if w.condition == batching]
     if warnings:
-        updates.append(
-            cond.ConditionUpdate(cond.BATCHING_EFFECTIVE, cond.UNKNOWN, warnings[0].reason, warnings[0].message)
-        )
+        updates.append(cond.ConditionUpdate(batching, ConditionStatus.UNKNOWN, warnings[0].reason, warnings[0].message))
     conditions = cond.apply_conditions(
         status.get("conditions"),
         updates,
         generation=generation,
         now=now,
-        remove=() if warnings or any(u.type == cond.BATCHING_EFFECTIVE for u in extra) else (cond.BATCHING_EFFECTIVE,),
+        remove=() if warnings or any(u.type == batching for u in extra) else (batching,),
     )
     out: dict[str, Any] = {
         "observedGeneration": generation,
@@ -148,7 +155,8 @@ def desired_status(
         "replicas": total,
         "readyReplicas": ready,
     }
-    if desired.profile_source != MEASURED:  # a measured profile in use is written by the profiling loop
+    # a measured profile in use is written by the profiling loop
+    if desired.profile_source != PlannedProfileSource.MEASURED:
         # every field, as the API server stores it (CRD defaults included): a partial object would never compare
         # equal (a no-op PATCH every pass), and a merge patch would leave an older measurement's fields behind.
         # ``since`` (the last adoption of a measurement) is kept: editing spec.profile must not restart the
@@ -298,40 +306,45 @@ def scaling_conditions(decision: Decision, signals: ModelSignals) -> list[cond.C
     if decision.metrics_available:
         ok = signals.state == SignalState.IDLE
         metrics = cond.ConditionUpdate(
-            cond.METRICS_AVAILABLE,
-            cond.TRUE,
-            "Idle" if ok else "SignalsOk",
+            ConditionType.METRICS_AVAILABLE,
+            ConditionStatus.TRUE,
+            ConditionReason.IDLE if ok else ConditionReason.SIGNALS_OK,
             f"{signals.pods} Ready pod(s) reporting" + (", no traffic" if ok else ""),
         )
     else:
         metrics = cond.ConditionUpdate(
-            cond.METRICS_AVAILABLE,
-            cond.FALSE,
-            signals.reason or "NoData",
+            ConditionType.METRICS_AVAILABLE,
+            ConditionStatus.FALSE,
+            signals.reason or ConditionReason.NO_DATA,
             f"{signals.message or 'no usable signals'}; replicas are held",
         )
     if decision.pending_replicas:
         limited = cond.ConditionUpdate(
-            cond.CAPACITY_LIMITED,
-            cond.TRUE,
-            "ReplicasPending",
+            ConditionType.CAPACITY_LIMITED,
+            ConditionStatus.TRUE,
+            ConditionReason.REPLICAS_PENDING,
             f"{decision.pending_replicas} replica(s) cannot be scheduled: {decision.pending_reason}",
         )
     elif decision.capacity_limited:
         limited = cond.ConditionUpdate(
-            cond.CAPACITY_LIMITED, cond.TRUE, "AtMaxReplicas", "the load needs more than maxReplicas"
+            ConditionType.CAPACITY_LIMITED,
+            ConditionStatus.TRUE,
+            ConditionReason.AT_MAX_REPLICAS,
+            "the load needs more than maxReplicas",
         )
     else:
-        limited = cond.ConditionUpdate(cond.CAPACITY_LIMITED, cond.FALSE, "WithinCapacity", "")
+        limited = cond.ConditionUpdate(
+            ConditionType.CAPACITY_LIMITED, ConditionStatus.FALSE, ConditionReason.WITHIN_CAPACITY, ""
+        )
     updates = [metrics, limited]
     # batches of about one request that wait the whole queue delay mean the clients send one request at a time:
     # more GPUs would not help, so the status says why batching does nothing (policy/scaling.py, low concurrency)
     if decision.low_concurrency:
         updates.append(
             cond.ConditionUpdate(
-                cond.BATCHING_EFFECTIVE,
-                cond.FALSE,
-                "LowConcurrency",
+                ConditionType.BATCHING_EFFECTIVE,
+                ConditionStatus.FALSE,
+                ConditionReason.LOW_CONCURRENCY,
                 "batches average under 1.5 requests and requests wait about the configured queue delay for "
                 "partners: clients send one request at a time; send concurrently (async or more clients) to let "
                 "Triton batch (status.observed.avgBatchSize)",

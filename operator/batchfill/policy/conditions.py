@@ -12,20 +12,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchfill.api.reasons import ConditionType
-from batchfill.api.status import ConditionStatus
-
-# Short names of the condition types (api/reasons.py) and statuses (api/status.py) the operator sets.
-READY = ConditionType.READY
-CONFIG_VALID = ConditionType.CONFIG_VALID
-PLANNED = ConditionType.PLANNED
-SLA_FEASIBLE = ConditionType.SLA_FEASIBLE
-BATCHING_EFFECTIVE = ConditionType.BATCHING_EFFECTIVE
-METRICS_AVAILABLE = ConditionType.METRICS_AVAILABLE
-CAPACITY_LIMITED = ConditionType.CAPACITY_LIMITED
-
-TRUE, FALSE, UNKNOWN = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
-
 
 @dataclass(frozen=True)
 class ConditionUpdate:

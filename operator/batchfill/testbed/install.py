@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.api.crd import CRD_NAME
 from batchfill.testbed import devcluster
 
-__all__ = ["GROUP", "PLURAL", "VERSION", "install_operator_rbac", "model_volume", "operator_as_service_account"]
+__all__ = ["install_operator_rbac", "model_volume", "operator_as_service_account"]
 
 OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
 #: The operator (kopf's graceful stop) gets this after SIGTERM before SIGKILL, then OPERATOR_KILL_WAIT_S to exit.
@@ -63,7 +63,7 @@ def install_operator_rbac(kubeconfig: Path, work: Path) -> None:
     rendered = kubectl_stdout(kubeconfig, "kustomize", str(devcluster.SOURCE_ROOT / "deploy" / "base"))
     install = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in INSTALL_KINDS]
     server_side_apply(kubeconfig, install, work / "install.yaml")
-    kubectl_stdout(kubeconfig, "wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+    kubectl_stdout(kubeconfig, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 
 
 @contextlib.contextmanager

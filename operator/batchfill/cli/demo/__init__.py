@@ -38,6 +38,7 @@ import yaml
 from rich.console import Console
 
 from batchfill.adapters.triton_stats import summary_quantile_ms
+from batchfill.api.reasons import ConditionType
 from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.cli.demo.profile import PROFILE_REPEATS, PROFILE_WARMUP, measure_example_profile, with_profile
 from batchfill.cli.demo.report import load_table, report
@@ -155,7 +156,7 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
         if operator.poll() is not None:
             raise DemoError(f"the operator exited with {operator.returncode}\n{operator_log_tail()}")
         bm = cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
-        return bm if _condition(bm, "Planned").get("status") == "True" else None
+        return bm if _condition(bm, ConditionType.PLANNED).get("status") == "True" else None
 
     bm = _until(
         f"waiting for the operator to plan {ns}/{name} ...", planned, options.timeout_s, console, operator_log_tail
