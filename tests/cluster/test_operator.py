@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from batchfill.api.reasons import ConditionType, SpecReason
-from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.api.spec import GROUP, KIND, PLURAL, VERSION
 from batchfill.render.kube import CONFIG_HASH_ANNOTATION
 from batchfill.testbed.install import install_operator_rbac, operator_as_service_account
 
@@ -104,7 +104,7 @@ def test_valid_model_is_deployed_onto_gpu_nodes_with_status(kube: Kube, operator
         for obj in kids.values():
             refs = obj.metadata.owner_references
             assert [(r.kind, r.name, r.uid, r.controller) for r in refs] == [
-                ("BatchedModel", "resnet", bm["metadata"]["uid"], True)
+                (KIND, "resnet", bm["metadata"]["uid"], True)
             ]
         config = kids["configmap"].data["config.pbtxt"]
         assert "max_batch_size: 7" in config
@@ -421,7 +421,7 @@ def test_service_monitor_created_when_prometheus_operator_crd_is_served(kube: Ku
             sm = wait_for("the ServiceMonitor", monitor, 90)
             bm = get_bm(kube, ns, "monitored")
             assert [(r["kind"], r["name"], r["uid"]) for r in sm["metadata"]["ownerReferences"]] == [
-                ("BatchedModel", "monitored", bm["metadata"]["uid"])
+                (KIND, "monitored", bm["metadata"]["uid"])
             ]
             endpoints = sm["spec"].get("endpoints") or sm["spec"].get("podMetricsEndpoints")
             assert endpoints, sm["spec"]

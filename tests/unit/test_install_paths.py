@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
+from batchfill.api.crd import CRD_NAME
 from batchfill.api.reasons import ScalingReason
-from batchfill.api.spec import GROUP, PLURAL
+from batchfill.api.spec import GROUP, KIND, PLURAL
 from batchfill.api.validate import load_model
 from batchfill.cli.main import build_parser
 from batchfill.controller.settings import OperatorSettings
@@ -204,7 +205,7 @@ def test_default_render_objects(helm: str) -> None:
     objs = helm_template(helm, include_crds=True)
     assert sorted(map(_key, objs), key=str) == sorted(
         [
-            ("CustomResourceDefinition", "batchedmodels.batchfill.io", None),
+            ("CustomResourceDefinition", CRD_NAME, None),
             ("ServiceAccount", RELEASE, NAMESPACE),
             ("ClusterRole", RELEASE, None),
             ("ClusterRoleBinding", RELEASE, None),
@@ -529,7 +530,7 @@ def test_kustomize_base_is_the_charts_default_install(helm: str, kubectl: str) -
 
 def test_kustomize_examples_are_the_repository_examples_with_a_model_repository(kubectl: str) -> None:
     objs = kustomize(kubectl, "deploy/examples")
-    models = [o for o in objs if o["kind"] == "BatchedModel"]
+    models = [o for o in objs if o["kind"] == KIND]
     namespaces = {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"}
     originals = {}
     for path in sorted((ROOT / "examples").glob("*.yaml")):
