@@ -63,7 +63,7 @@ How the operator watches namespaces, from .Values.watchNamespaces:
 
 {{/*
 RBAC rules on namespaced resources: exactly the API calls the operator makes (batchfill.adapters.kube,
-batchfill.reconcile, batchfill.handlers) and those kopf makes for it. No wildcards, no Secrets.
+batchfill.controller) and those kopf makes for it. No wildcards, no Secrets.
 Server-side apply needs both create (object absent) and patch (object present).
 */}}
 {{- define "batchfill.rules.namespaced" -}}

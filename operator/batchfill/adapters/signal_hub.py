@@ -1,6 +1,6 @@
 """One set of Prometheus queries per tick for every BatchedModel: one query per signal for all models, not per model.
 
-The scaling loop (handlers.ScalingLoop) marks each pass (:meth:`SignalHub.new_pass`) and then asks for each
+The scaling loop (controller.loops.ScalingLoop) marks each pass (:meth:`SignalHub.new_pass`) and then asks for each
 model in turn; the first request of a pass runs the six queries for every model the hub knows, the others reuse
 those answers (for at most ``max_age_s``) and only aggregate their own Ready pods (pure). A model the query set
 did not cover (new, or its namespace/model name changed) gets the six queries for itself alone, merged in: a
