@@ -198,7 +198,7 @@ def serve(
                     m = measure_profile(client, probe, http_inputs, sizes, warmup=3, repeats=repeats)
                 client.unload_model(probe)
                 measured = {b: round(v, 3) for b, v in m.mean_ms.items()}
-                _profile_table(console, declared, measured)
+                profile_table(console, declared, measured)
                 spec = spec.model_copy(
                     update={"profile": [ProfilePoint(batchSize=b, latencyMs=v) for b, v in measured.items()]}
                 )
@@ -248,7 +248,8 @@ def _load(triton: LocalTriton, client: Any, name: str, config: str, example: str
         raise RuntimeError(f"tritonserver could not load {name}: {e}\n{triton.diagnostics()}") from None
 
 
-def _profile_table(console: Console, declared: dict[int, float], measured: dict[int, float]) -> None:
+def profile_table(console: Console, declared: dict[int, float], measured: dict[int, float]) -> None:
+    """Declared against measured ms per batch size, with their ratio (serve and the demo print it)."""
     t = Table(title="execution latency per batch size (Triton statistics: compute input+infer+output)")
     for col in ("batch size", "declared ms", "measured ms", "measured / declared"):
         t.add_column(col, justify="right")

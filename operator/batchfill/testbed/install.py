@@ -22,8 +22,6 @@ import yaml
 from batchfill.api.crd import CRD_NAME
 from batchfill.testbed import devcluster
 
-__all__ = ["install_operator_rbac", "model_volume", "operator_as_service_account"]
-
 OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
 #: The operator (kopf's graceful stop) gets this after SIGTERM before SIGKILL, then OPERATOR_KILL_WAIT_S to exit.
 OPERATOR_STOP_GRACE_S = 30.0

@@ -212,10 +212,10 @@ class Process:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
 
-    def stop(self, grace_s: float = 10.0, *, reap_s: float = 0.0) -> int | None:
+    def stop(self, grace_s: float = 10.0, *, reap_s: float = 0.0, kill_wait_s: float = 10.0) -> int | None:
         """:func:`stop_all` of this one process; returns :attr:`returncode`. Raises :class:`ProcessError` when
         it survives SIGKILL."""
-        if stop_all([self], grace_s, reap_s=reap_s):
+        if stop_all([self], grace_s, reap_s=reap_s, kill_wait_s=kill_wait_s):
             raise ProcessError(f"{self.name} (pid {self.pid}) survived SIGKILL")
         return self.returncode
 

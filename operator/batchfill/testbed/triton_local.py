@@ -429,7 +429,11 @@ class LocalTriton(LocalServer):
         """SIGTERM, wait ``stop_grace_s``, then SIGKILL the server's process group. Returns the exit code."""
         process, self._process = self._process, None
         # Python-backend stubs normally exit with the server; reap any that did not.
-        code = process.stop(self.stop_grace_s, reap_s=STUB_REAP_S) if process is not None else None
+        code = (
+            process.stop(self.stop_grace_s, reap_s=STUB_REAP_S, kill_wait_s=KILL_WAIT_S)
+            if process is not None
+            else None
+        )
         if self._own_log_dir is not None and self._was_ready and code == 0 and not self.keep_log:
             # A log we chose the place of, of a run that went well: nobody will read it.
             shutil.rmtree(self._own_log_dir, ignore_errors=True)

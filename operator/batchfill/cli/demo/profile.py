@@ -23,7 +23,7 @@ from batchfill.adapters.profiler import (
 from batchfill.api.validate import load_model
 from batchfill.cli.demo.results import EXAMPLE_MODEL, DemoError
 from batchfill.cli.profile import DEFAULT_QUANTILE, profile_points
-from batchfill.cli.serve import _profile_table, provisional_plan
+from batchfill.cli.serve import profile_table, provisional_plan
 from batchfill.render import render_model_config
 from batchfill.testbed.model_repo import write_model
 from batchfill.testbed.triton_local import LocalTriton, TritonStartError
@@ -93,7 +93,7 @@ def measure_example_profile(
         f"measured {model} on this machine in {time.monotonic() - t0:.0f} s: p{DEFAULT_QUANTILE * 100:g} of "
         f"{PROFILE_REPEATS} executions per batch size after {PROFILE_WARMUP} warm-up"
     )
-    _profile_table(console, declared, {p["batchSize"]: p["latencyMs"] for p in points})
+    profile_table(console, declared, {p["batchSize"]: p["latencyMs"] for p in points})
     return points
 
 
