@@ -18,13 +18,20 @@ import yaml
 from rich.console import Console
 
 from batchfill.cli.dev_cluster import dev_cluster_main
-from batchfill.testbed import devcluster
+from batchfill.testbed import devcluster, listeners
 from batchfill.testbed.devcluster.binaries import VERSION_OF
 from batchfill.testbed.devcluster.components import start_component, stop_components
 from batchfill.testbed.devcluster.kubeconfig import cluster_of
 from batchfill.testbed.devcluster.pod_block import STARTING_GRACE_S, pod_block, registry_dir, run_dir_seed
 from batchfill.testbed.devcluster.state import ClusterState
-from batchfill.testbed.listeners import Listener, listeners_on, parse_tcp_table, socket_inodes, tcp_listeners
+from batchfill.testbed.listeners import (
+    Listener,
+    listener_verdict,
+    listeners_on,
+    parse_tcp_table,
+    socket_inodes,
+    tcp_listeners,
+)
 from batchfill.testbed.process import Process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -250,6 +257,73 @@ def test_tcp_listeners_see_a_listening_socket_and_its_owner() -> None:
             "127.33.0.0/16"
         )
     assert listeners_on(tcp_listeners(), "127.33.4.5", port) == []
+
+
+@pytest.mark.parametrize("opens", ["before the table is read", "between the reads", "after the fds are read"])
+def test_a_listener_the_server_opens_during_the_check_is_never_another_process(
+    opens: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CI failure of 2026-12-01: tritonserver opened its metrics port while LocalTriton checked its
+    listeners, and the check called it another process's. This process stands in for the server: it opens a
+    real listening socket on the checked port at each point of the check."""
+    host = "127.33.4.6"
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    opened: list[socket.socket] = []
+
+    def open_listener(at: str) -> None:
+        if at == opens and not opened:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+            s.listen()
+            opened.append(s)
+
+    real_table, real_fds = listeners.tcp_listeners, listeners.socket_inodes
+
+    def table() -> list[Listener]:
+        open_listener("before the table is read")
+        out = real_table()
+        open_listener("between the reads")
+        return out
+
+    def fds(pid: int) -> set[int]:
+        out = real_fds(pid)
+        open_listener("after the fds are read")
+        return out
+
+    monkeypatch.setattr(listeners, "tcp_listeners", table)
+    monkeypatch.setattr(listeners, "socket_inodes", fds)
+    try:
+        alone, foreign = listener_verdict(os.getpid(), host, [("metrics", port)])
+        assert foreign == []
+        assert alone == (opens == "before the table is read")
+        assert len(opened) == 1
+        # Once open, the next check sees it and calls it this process's.
+        assert listener_verdict(os.getpid(), host, [("metrics", port)]) == (True, [])
+    finally:
+        for s in opened:
+            s.close()
+
+
+def test_a_listener_of_another_process_is_named() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import socket,sys,time; s=socket.socket(); s.bind(('127.33.4.7',0)); s.listen();"
+         " print(s.getsockname()[1], flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        assert listener_verdict(os.getpid(), "127.33.4.7", [("metrics", port)]) == (
+            False,
+            [f"127.33.4.7:{port} (metrics)"],
+        )
+        assert listener_verdict(child.pid, "127.33.4.7", [("metrics", port)]) == (True, [])
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _state(run_dir: Path, block: str, processes: dict[str, Process]) -> None:

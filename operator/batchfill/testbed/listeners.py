@@ -92,3 +92,24 @@ def socket_inodes(pid: int, proc: Path = Path("/proc")) -> set[int]:
         if target.startswith("socket:[") and target.endswith("]"):
             out.add(int(target[len("socket:[") : -1]))
     return out
+
+
+def listener_verdict(pid: int, host: str, ports: Iterable[tuple[str, int]]) -> tuple[bool, list[str]]:
+    """Whether process ``pid`` alone listens on ``host`` at each of the named ``ports`` (``(name, port)``
+    pairs): (every address has a listener and all are ``pid``'s, the ``"host:port (name)"`` addresses a
+    socket ``pid`` does not hold listens on).
+
+    The listener table is read before ``pid``'s fds: a socket ``pid`` opens between the two reads is then
+    missing from the table (incomplete, asked again) rather than in the table and missing from the fds, which
+    would read as another process's listener (tritonserver opens its metrics port after ``/v2/health/ready``
+    already answers).
+    """
+    table = tcp_listeners()
+    mine = socket_inodes(pid)
+    complete, foreign = True, []
+    for name, port in ports:
+        found = listeners_on(table, host, port)
+        complete = complete and bool(found)
+        if any(lst.inode not in mine for lst in found):
+            foreign.append(f"{host}:{port} ({name})")
+    return complete and not foreign, foreign

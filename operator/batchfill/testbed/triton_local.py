@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchfill.testbed.listeners import listeners_on, socket_inodes, tcp_listeners
+from batchfill.testbed.listeners import listener_verdict
 from batchfill.testbed.process import (
     LOOPBACK,
     LocalServer,
@@ -366,14 +366,7 @@ class LocalTriton(LocalServer):
     def _listener_verdict(self) -> tuple[bool, list[str]]:
         """(every address has a listener and all are this server's, the addresses another process listens on)."""
         pid = self._process.pid if self._process is not None else -1
-        mine, table = socket_inodes(pid), tcp_listeners()
-        complete, foreign = True, []
-        for name, port in self._ports():
-            found = listeners_on(table, self.host, port)
-            complete = complete and bool(found)
-            if any(lst.inode not in mine for lst in found):
-                foreign.append(f"{self.host}:{port} ({name})")
-        return complete and not foreign, foreign
+        return listener_verdict(pid, self.host, self._ports())
 
     def _wait_listening_alone(self, timeout_s: float) -> None:
         """Wait until the server listens on its three addresses and nothing else does; raise
