@@ -23,9 +23,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from batchfill.api.reasons import ConditionType, SpecReason
+from batchfill.api.reasons import ConditionReason, ConditionType, EventReason, SpecReason
 from batchfill.api.spec import GROUP, KIND, PLURAL, VERSION
-from batchfill.render.kube import CONFIG_HASH_ANNOTATION
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION, template_config_name
 from batchfill.testbed.install import install_operator_rbac, operator_as_service_account
 
 from .conftest import USE_EXISTING
@@ -81,9 +81,11 @@ def condition(bm: dict[str, Any], type_: str) -> dict[str, Any] | None:
 def children(kube: Kube, ns: str, name: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with suppress(ApiException):
-        out["configmap"] = kube.core.read_namespaced_config_map(f"{name}-triton-config", ns)
-    with suppress(ApiException):
         out["deployment"] = kube.apps.read_namespaced_deployment(f"{name}-triton", ns)
+    if "deployment" in out:  # the config its template mounts (named by its digest)
+        template = kube.api.sanitize_for_serialization(out["deployment"].spec.template.spec)
+        with suppress(ApiException):
+            out["configmap"] = kube.core.read_namespaced_config_map(template_config_name(template) or "-", ns)
     with suppress(ApiException):
         out["service"] = kube.core.read_namespaced_service(f"{name}-triton", ns)
     return out
@@ -235,6 +237,81 @@ def test_sla_edit_rerenders_and_rolls_once_then_delete_collects_children(kube: K
         custom(kube).delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "edit")
         wait_for("garbage collection of every child", lambda: children(kube, ns, "edit") == {} or None, 90)
         wait_for("pods gone", lambda: not kube.core.list_namespaced_pod(ns).items or None, 90)
+
+
+def _served_hash(kube: Kube, ns: str, name: str) -> str:
+    dep = kube.apps.read_namespaced_deployment(f"{name}-triton", ns)
+    return str(dep.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION])
+
+
+def test_rollout_undo_restores_the_previous_config_and_holds_until_the_spec_changes(kube: Kube, operator: Any) -> None:
+    """Each config is an immutable ConfigMap named by its digest and owned by the ReplicaSets that mount it, so a
+    real ``kubectl rollout undo`` brings back the old pods with their own config, and the operator leaves the
+    rollback alone (ConfigApplied=False, RolledBackByHand) until the spec changes."""
+    require_gpus(kube)
+    with temp_namespace(kube) as ns:
+        model_volume(kube, ns)
+        custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("undo"))
+        first = until("children", lambda: children(kube, ns, "undo"), lambda c: len(c) == 3, 90)
+        h1 = first["configmap"].metadata.annotations[CONFIG_HASH_ANNOTATION]
+        assert first["configmap"].immutable is True
+        assert first["configmap"].metadata.name == f"undo-triton-config-{h1}"
+        custom(kube).patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, "undo", {"spec": {"sla": {"latencyP99Ms": 70, "networkOverheadMs": 10}}}
+        )
+        second = until(
+            "the second config rolled out",
+            lambda: children(kube, ns, "undo"),
+            lambda c: c["configmap"].metadata.annotations[CONFIG_HASH_ANNOTATION] != h1,
+            90,
+        )
+        h2 = second["configmap"].metadata.annotations[CONFIG_HASH_ANNOTATION]
+        kube.kubectl("rollout", "status", "deployment/undo-triton", "-n", ns, "--timeout=90s")
+        # the first config is still there, owned by the ReplicaSet of revision 1 only
+        old = until(
+            "the first config handed to its ReplicaSet",
+            lambda: kube.core.read_namespaced_config_map(f"undo-triton-config-{h1}", ns),
+            lambda cm: [r.kind for r in cm.metadata.owner_references or []] == ["ReplicaSet"],
+            60,
+        )
+        assert old.data["config.pbtxt"] != second["configmap"].data["config.pbtxt"]
+
+        kube.kubectl("rollout", "undo", "deployment/undo-triton", "-n", ns)
+        kube.kubectl("rollout", "status", "deployment/undo-triton", "-n", ns, "--timeout=90s")
+        bm = until(
+            "ConfigApplied=False (RolledBackByHand)",
+            lambda: get_bm(kube, ns, "undo"),
+            lambda b: (
+                (condition(b, ConditionType.CONFIG_APPLIED) or {}).get("reason") == ConditionReason.ROLLED_BACK_BY_HAND
+            ),
+            60,
+        )
+        assert h1 in condition(bm, ConditionType.CONFIG_APPLIED)["message"]
+        time.sleep(35)  # two scaling ticks: the operator must not roll forward again
+        assert _served_hash(kube, ns, "undo") == h1
+        pods = kube.core.list_namespaced_pod(ns, label_selector="batchfill.io/batchedmodel=undo").items
+        mounted = {
+            v.config_map.name for p in pods if p.metadata.deletion_timestamp is None for v in p.spec.volumes
+            if v.config_map is not None
+        }  # fmt: skip
+        assert mounted == {f"undo-triton-config-{h1}"}, "every pod serves the config it was rolled back to"
+        events = [
+            e.reason for e in kube.core.list_namespaced_event(ns, field_selector="involvedObject.name=undo").items
+        ]
+        assert events.count(EventReason.ROLLED_BACK_BY_HAND) == 1, events
+
+        # the user's next spec change wins
+        custom(kube).patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, "undo", {"spec": {"sla": {"latencyP99Ms": 90, "networkOverheadMs": 10}}}
+        )
+        bm = until(
+            "the new spec applied and ConfigApplied gone",
+            lambda: get_bm(kube, ns, "undo"),
+            lambda b: (
+                condition(b, ConditionType.CONFIG_APPLIED) is None and _served_hash(kube, ns, "undo") not in (h1, h2)
+            ),
+            90,
+        )
 
 
 def test_steady_state_writes_nothing_to_children(kube: Kube, operator: Any) -> None:

@@ -47,7 +47,7 @@ from batchfill.api.reasons import (
 )
 from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, ProfilingSpec
 from batchfill.api.status import PlannedProfileSource
-from batchfill.render.kube import MODEL_LABEL
+from batchfill.render.kube import MODEL_LABEL, template_config_name
 from batchfill.testbed.balancer import BalancedLoad
 from batchfill.testbed.loadgen import grpc_fp32_input
 from batchfill.testbed.model_repo import write_model
@@ -122,6 +122,9 @@ class Lab:
     def replicas(self, name: str) -> int:
         return int(self.kube.apps.read_namespaced_deployment(f"{name}-triton", self.ns).spec.replicas)
 
+    def _config_name(self, pod: Any) -> str:
+        return template_config_name(self.kube.api.sanitize_for_serialization(pod.spec)) or ""
+
     def _follow_pods(self) -> None:
         """Keep one tritonserver per Ready pod and Prometheus' targets in step with them."""
         while not self._stop.is_set():
@@ -137,7 +140,9 @@ class Lab:
                 ready = {p.metadata.name: p.spec.node_name for p in live}
                 ips = {p.metadata.name: p.status.pod_ip or "" for p in live}
                 configs = self.kube.core.list_namespaced_config_map(self.ns).items
-                mine = f"{self.following}-triton-config"
+                # the config the newest Ready pod mounts (its ConfigMap is named by the config's digest)
+                newest = max(live, key=lambda p: p.metadata.creation_timestamp, default=None)
+                mine = "" if newest is None else self._config_name(newest)
                 config = next((c.data["config.pbtxt"] for c in configs if c.metadata.name == mine), None)
                 if config is not None or not ready:
                     self.tritons.sync(ready, config or "", self.console, ips)
@@ -423,7 +428,10 @@ def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
     assert bm["status"]["plan"]["capacityPerReplicaRps"] > 0
     assert bm["status"]["plan"]["maxBatchSize"] < 16, bm["status"]["plan"]
     assert condition(bm, ConditionType.SLA_FEASIBLE)["status"] == "True"
-    config = lab.kube.core.read_namespaced_config_map(f"{name}-triton-config", lab.ns).data["config.pbtxt"]
+    template = lab.kube.api.sanitize_for_serialization(
+        lab.kube.apps.read_namespaced_deployment(f"{name}-triton", lab.ns).spec.template.spec
+    )
+    config = lab.kube.core.read_namespaced_config_map(template_config_name(template), lab.ns).data["config.pbtxt"]
     assert f"max_batch_size: {bm['status']['plan']['maxBatchSize']}" in config
 
     time.sleep(12)  # several profiling passes: the adoption must not repeat, nor the roll

@@ -25,7 +25,7 @@ import pytest
 
 from batchfill.adapters import operator_metrics
 from batchfill.adapters.informer import _trim_deployment, _trim_pod  # the caches' own trimming
-from batchfill.adapters.kube import FIELD_MANAGER, KubeNotFoundError, KubePermanentError, KubeTemporaryError
+from batchfill.adapters.kube import KubeNotFoundError, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.crd import build_crd
@@ -39,7 +39,7 @@ from batchfill.controller.reconcile import SERVICE_MONITOR, emitter, reconcile
 from batchfill.controller.scaling import ScalingMemory
 from batchfill.controller.settings import OperatorSettings
 from batchfill.policy.conditions import find, rfc3339
-from batchfill.render.kube import Owner, names, selector_labels
+from batchfill.render.kube import FIELD_MANAGER, Owner, names, selector_labels
 
 from .test_crd import apply_defaults, errors
 
@@ -62,6 +62,15 @@ def _forget_metric_series() -> Iterator[None]:
 
 
 T0 = 1_800_000_000.0
+#: The container status the kubelet writes for a tritonserver that exits on a model it cannot load.
+CRASH_LOOP: dict[str, Any] = {
+    "name": "triton",
+    "ready": False,
+    "started": False,
+    "restartCount": 3,
+    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+    "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}},
+}
 ROOT_SCHEMA: dict[str, Any] = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 STATUS_SCHEMA: dict[str, Any] = ROOT_SCHEMA["properties"]["status"]
 DEPLOYMENT = ("apps/v1", "Deployment")
@@ -193,10 +202,43 @@ class FakeKube:
             "managedFields": copy.deepcopy(old["metadata"]["managedFields"]) if old else [],
         }
         new["status"] = copy.deepcopy(old.get("status") or {}) if old else {}
+        if old and old.get("immutable") and old.get("data") != obj.get("data"):
+            # the API server's answer to a changed immutable ConfigMap
+            raise KubePermanentError(
+                f"apply ConfigMap {meta['namespace']}/{meta['name']}: HTTP 422: field is immutable"
+            )
         self.objects[key] = new
         if obj["kind"] == "Deployment":
             self.own_replicas(new, FIELD_MANAGER, "Apply")
+            self.own_config_hash(new, FIELD_MANAGER, "Apply")
         return copy.deepcopy(new)
+
+    def own_config_hash(self, dep: dict[str, Any], manager: str, operation: str) -> None:
+        """managedFields after a write that set the pod template's config-hash annotation: ``manager`` owns it."""
+        key = "f:batchfill.io/config-hash"
+        entries = dep["metadata"]["managedFields"]
+        for entry in entries:
+            meta = entry["fieldsV1"].get("f:spec", {}).get("f:template", {}).get("f:metadata", {})
+            meta.get("f:annotations", {}).pop(key, None)
+        entry = next((e for e in entries if (e["manager"], e["operation"], e.get("subresource", "")) == (
+            manager, operation, "")), None)  # fmt: skip
+        if entry is None:
+            entry = {"manager": manager, "operation": operation, "apiVersion": "apps/v1", "time": rfc3339(T0),
+                     "fieldsType": "FieldsV1", "fieldsV1": {}}  # fmt: skip
+            entries.append(entry)
+        spec = entry["fieldsV1"].setdefault("f:spec", {})
+        spec.setdefault("f:template", {}).setdefault("f:metadata", {}).setdefault("f:annotations", {})[key] = {}
+
+    def rollout_undo(self, namespace: str, deployment: str, replica_set: str) -> None:
+        """``kubectl rollout undo --to-revision``: the ReplicaSet's template patched into the Deployment by the
+        field manager ``kubectl-rollout``, which thereby owns the fields it changed."""
+        dep = self.objects[(*DEPLOYMENT, namespace, deployment)]
+        dep["spec"]["template"] = copy.deepcopy(
+            self.objects[("apps/v1", "ReplicaSet", namespace, replica_set)]["spec"]["template"]
+        )
+        dep["metadata"]["generation"] += 1
+        dep["metadata"]["resourceVersion"] = self._rv()
+        self.own_config_hash(dep, "kubectl-rollout", "Update")
 
     def scale_deployment(self, name: str, namespace: str, replicas: int) -> None:
         self.calls.append(("scale_deployment", namespace, name, replicas))
@@ -207,7 +249,57 @@ class FakeKube:
             raise KubePermanentError(f"scale Deployment {namespace}/{name}: HTTP 422: {self.refuse_scale}")
         self.set_replicas(dep, replicas, FIELD_MANAGER, subresource="scale")
 
+    def _listed(self, kind: str, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o)
+            for (_, k, ns, _), o in sorted(self.objects.items())
+            if k == kind and ns == namespace and selector.items() <= (o["metadata"].get("labels") or {}).items()
+        ]
+
+    def list_config_maps(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        self.calls.append(("list_config_maps", namespace))
+        return self._listed("ConfigMap", namespace, selector)
+
+    def list_replica_sets(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        self.calls.append(("list_replica_sets", namespace))
+        return self._listed("ReplicaSet", namespace, selector)
+
     # -- the rest of the cluster (the Deployment controller, the kubelets, people) ------------------------------
+
+    def collect_garbage(self) -> list[str]:
+        """The garbage collector: delete every object whose owners are all gone (returns their names)."""
+        uids = {o["metadata"]["uid"] for o in self.objects.values()} | {
+            m["metadata"]["uid"] for m in self.models.values()
+        }
+        gone = [
+            key
+            for key, o in self.objects.items()
+            if (refs := o["metadata"].get("ownerReferences")) and not any(r["uid"] in uids for r in refs)
+        ]
+        for key in gone:
+            del self.objects[key]
+        return sorted(key[3] for key in gone)
+
+    def roll(self, namespace: str, deployment: str, revision: int) -> str:
+        """The Deployment controller: a ReplicaSet with the Deployment's current template (returns its name)."""
+        dep = self.objects[(*DEPLOYMENT, namespace, deployment)]
+        name = f"{deployment}-rs{revision}"
+        self.objects[("apps/v1", "ReplicaSet", namespace, name)] = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-rs-{name}",
+                "labels": dict(dep["spec"]["template"]["metadata"]["labels"]),
+                "annotations": {"deployment.kubernetes.io/revision": str(revision)},
+                "ownerReferences": [
+                    {"kind": "Deployment", "name": deployment, "uid": dep["metadata"]["uid"], "controller": True}
+                ],
+            },
+            "spec": {"template": copy.deepcopy(dep["spec"]["template"])},
+        }
+        return name
 
     def own_replicas(self, dep: dict[str, Any], manager: str, operation: str, subresource: str = "") -> None:
         """managedFields after a write of spec.replicas: ``manager`` owns the field, nobody else does."""
@@ -252,14 +344,17 @@ class FakeKube:
         body = copy.deepcopy(stored)
         self.write_status(stored, reconcile(body, self, now=now, emit=emitter(self, body)))  # type: ignore[arg-type]
 
-    def run_pods(self, name: str, *, ready: int, starting: int = 0, pending: int = 0, first: int = 0) -> list[str]:
-        """The model's pods become ``ready`` Ready ones, then ``starting`` and ``pending`` ones (indices from
-        ``first``; a pod keeps its uid and IP while its index stays), and the Deployment's status says so.
+    def run_pods(
+        self, name: str, *, ready: int, starting: int = 0, pending: int = 0, first: int = 0, failing: int = 0
+    ) -> list[str]:
+        """The model's pods become ``ready`` Ready ones, then ``starting``, ``pending`` and ``failing`` ones
+        (tritonserver exits 1 on a model it cannot load, the kubelet backs off: CRASH_LOOP; indices from ``first``;
+        a pod keeps its uid and IP while its index stays), and the Deployment's status says so.
         Returns the pods' names."""
         owner = Owner(name=name, namespace=NS, uid=self.models[(NS, name)]["metadata"]["uid"])
         dep = self.objects[(*DEPLOYMENT, NS, names(owner)["deployment"])]
         self.pods = {k: p for k, p in self.pods.items() if not _matches(p, selector_labels(owner))}
-        states = ["ready"] * ready + ["starting"] * starting + ["pending"] * pending
+        states = ["ready"] * ready + ["starting"] * starting + ["pending"] * pending + ["failing"] * failing
         out = []
         for i, state in enumerate(states, start=first):
             pod_name = f"{names(owner)['deployment']}-6b8f9c7d4-{i}"
@@ -276,6 +371,8 @@ class FakeKube:
             status: dict[str, Any] = {"phase": "Running" if state == "ready" else "Pending", "conditions": conditions}
             if state != "pending":
                 status |= {"podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "172.18.0.2"}
+            if state == "failing":
+                status |= {"phase": "Running", "containerStatuses": [copy.deepcopy(CRASH_LOOP)]}
             self.pods[(NS, pod_name)] = {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -757,6 +854,7 @@ def test_profiling_ticks_baseline_then_adopt_then_a_restarted_triton(
         ("apply", "ConfigMap"),
         ("apply", "Deployment"),
         ("apply", "Service"),
+        ("apply", "ConfigMap"),  # the first plan's config, handed to the Deployment (no ReplicaSet mounts it here)
         ("event", EventReason.CONFIG_CHANGED),
         ("status", ["conditions", "plan", "readyReplicas", "replicas"]),  # the pod Ready since the handler ran
     ]

@@ -46,6 +46,7 @@ NAMESPACED_RULES = [
     ([GROUP], [f"{PLURAL}/status"], ["get", "patch"]),
     ([""], ["configmaps", "services"], ["get", "list", "watch", "create", "patch"]),
     (["apps"], ["deployments"], ["get", "list", "watch", "create", "patch"]),
+    (["apps"], ["replicasets"], ["list"]),
     (["apps"], ["deployments/scale"], ["get", "patch"]),
     ([""], ["pods"], ["get", "list", "watch"]),
     ([""], ["events"], ["create", "patch"]),

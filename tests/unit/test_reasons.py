@@ -36,6 +36,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "BATCHING_EFFECTIVE": "BatchingEffective",
         "METRICS_AVAILABLE": "MetricsAvailable",
         "CAPACITY_LIMITED": "CapacityLimited",
+        "CONFIG_APPLIED": "ConfigApplied",
     },
     ConditionStatus: {"TRUE": "True", "FALSE": "False", "UNKNOWN": "Unknown"},
     SpecReason: {
@@ -53,6 +54,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "SCALE_OUT_FROM_ZERO": "ScaleOutFromZero",
         "HOLD_IDLE": "HoldIdle",
         "HOLD_REPLICAS_PENDING": "HoldReplicasPending",
+        "HOLD_REPLICAS_FAILING": "HoldReplicasFailing",
         "HOLD_CAPACITY_ON_THE_WAY": "HoldCapacityOnTheWay",
         "HOLD_SETTLING": "HoldSettling",
         "AT_MAX_REPLICAS": "AtMaxReplicas",
@@ -93,6 +95,8 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "FIRST_PLAN": "FirstPlan",
         "REPLICAS_READY": "ReplicasReady",
         "NO_READY_REPLICAS": "NoReadyReplicas",
+        "REPLICAS_FAILING": "ReplicasFailing",
+        "ROLLED_BACK_BY_HAND": "RolledBackByHand",
         "IDLE": "Idle",
         "SIGNALS_OK": "SignalsOk",
         "NO_DATA": "NoData",
@@ -104,6 +108,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
     EventReason: {
         "DEPLOYED": "Deployed",
         "CONFIG_CHANGED": "ConfigChanged",
+        "ROLLED_BACK_BY_HAND": "RolledBackByHand",
         "MANUAL_SCALE_REVERTED": "ManualScaleReverted",
         "SCALE_RESUMED": "ScaleResumed",
         "STATISTICS_UNAVAILABLE": "StatisticsUnavailable",

@@ -20,6 +20,7 @@ from batchfill.render.kube import (
     build_deployment,
     build_service,
     build_service_monitor,
+    template_config_name,
     triton_args,
 )
 
@@ -100,7 +101,18 @@ def test_config_hash_in_pod_template_rolls_pods_only_on_config_change() -> None:
     assert a["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == "aaaa"
     assert a == build_deployment(OWNER, spec, "aaaa", 1)  # deterministic
     a["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] = "bbbb"
+    # the pods mount the ConfigMap of their own config, named by its digest
+    assert template_config_name(a["spec"]["template"]["spec"]) == "resnet50-triton-config-aaaa"
+    a["spec"]["template"]["spec"] = b["spec"]["template"]["spec"]
     assert a == b
+
+
+def test_the_configmap_is_immutable_and_named_by_its_digest() -> None:
+    cm = build_configmap(OWNER, "max_batch_size: 8", "0123456789abcdef")
+    assert cm["metadata"]["name"] == "resnet50-triton-config-0123456789abcdef"
+    assert cm["immutable"] is True
+    assert cm["metadata"]["annotations"] == {CONFIG_HASH_ANNOTATION: "0123456789abcdef"}
+    assert cm["data"] == {"config.pbtxt": "max_batch_size: 8"}
 
 
 def _run_init_container(init: dict[str, Any], root: Path) -> subprocess.CompletedProcess[str]:
@@ -130,7 +142,7 @@ def test_init_container_places_the_derived_config_over_the_model_files(tmp_path:
     assert (tmp_path / "resnet50" / "config.pbtxt").read_text() == "derived by batchfill"
     vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert vols["model-source"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
-    assert vols["config"]["configMap"]["name"] == "resnet50-triton-config"
+    assert vols["config"]["configMap"]["name"] == "resnet50-triton-config-h"
 
 
 def test_a_repository_path_is_data_to_the_init_container_never_shell_code(tmp_path: Path) -> None:
@@ -158,3 +170,13 @@ def test_service_exposes_http_grpc_metrics() -> None:
     svc = build_service(OWNER)
     assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("http", 8000), ("grpc", 8001), ("metrics", 8002)]
     assert svc["spec"]["selector"] == {"app.kubernetes.io/name": "triton", "batchfill.io/batchedmodel": "resnet50"}
+
+
+def test_termination_serves_stale_endpoints_then_drains_before_the_grace_period_ends() -> None:
+    pod = build_deployment(OWNER, spec_with(), "h", 1)["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
+    exit_timeout = next(int(a.split("=")[1]) for a in c["args"] if a.startswith("--exit-timeout-secs="))
+    # the hook's delay, then Triton's drain, both inside the grace period (SIGKILL after it)
+    assert 10 + exit_timeout < pod["terminationGracePeriodSeconds"]
+    assert (exit_timeout, pod["terminationGracePeriodSeconds"]) == (30, 60)

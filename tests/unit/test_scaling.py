@@ -63,6 +63,7 @@ def run(
     *,
     starting: int = 0,
     pending: int = 0,
+    failing: int = 0,
     history: tuple[Recommendation, ...] | None = None,
     now: float = NOW,
     plan: PlanNumbers = PLAN,
@@ -73,8 +74,13 @@ def run(
     ready = current if ready is None else ready
     if history is None:
         history = (Recommendation(now - 15, 0, ready),)
-    reps = Replicas(current, ready, starting, pending, PENDING_GPU if pending else "")
+    reps = Replicas(
+        current, ready, starting, pending, PENDING_GPU if pending else "", failing, CRASHING if failing else ""
+    )
     return decide(ScalingInput(now, signals, plan, spec, reps, history))
+
+
+CRASHING = "m-triton-7d59-x2: CrashLoopBackOff (triton exited 1, 3 restarts)"
 
 
 def votes(*pairs: tuple[float, int]) -> tuple[Recommendation, ...]:
@@ -511,3 +517,26 @@ def test_votes_that_only_aged_out_are_not_written() -> None:
     assert history_to_store(stored, changed) == changed
     assert history_to_store((), aged) == aged
     assert history_to_store(stored, ()) is None
+
+
+def test_a_failing_replica_is_no_capacity_on_the_way_and_is_made_up_for() -> None:
+    sat = ok(60, fill=0.95)  # needs 2 replicas at 40 rps each
+    # 2 replicas, 1 Ready, the other crash-looping: not "on the way"; the step adds one beside the target
+    d = run(sat, 2, 1, failing=1)
+    assert (d.desired_replicas, d.reason, d.apply) == (3, R.SCALE_OUT_SATURATED, True)
+    assert CRASHING in d.message
+    # the same with the second replica merely starting: capacity on the way, hold
+    d = run(sat, 2, 1, starting=1)
+    assert (d.desired_replicas, d.reason) == (2, R.HOLD_CAPACITY_ON_THE_WAY)
+
+
+def test_no_replica_ready_and_some_failing_holds_instead_of_adding_more_of_the_same() -> None:
+    d = run(ok(100, fill=0.95), 2, 0, failing=2)
+    assert (d.desired_replicas, d.reason, d.apply) == (2, R.HOLD_REPLICAS_FAILING, False)
+    assert "2 failing" in d.message
+
+
+def test_failing_replicas_change_nothing_when_the_load_fits() -> None:
+    d = run(ok(10, fill=0.2), 3, 2, failing=1)
+    assert d.reason not in (R.SCALE_OUT_SATURATED, R.HOLD_REPLICAS_FAILING)
+    assert d.desired_replicas <= 3

@@ -76,8 +76,8 @@ Server-side apply needs both create (object absent) and patch (object present).
 - apiGroups: ["batchfill.io"]
   resources: ["batchedmodels/status"]
   verbs: ["get", "patch"]
-# batchfill: the children it owns, written with server-side apply: the ConfigMap with config.pbtxt and the
-# Triton Service.
+# batchfill: the children it owns, written with server-side apply: the immutable ConfigMaps with config.pbtxt
+# (one per config, named by its digest) and the Triton Service.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -85,6 +85,10 @@ Server-side apply needs both create (object absent) and patch (object present).
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# batchfill: the Deployment's revisions, which own the older configs they mount (kubectl rollout undo).
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["list"]
 # batchfill: sets the Triton replica count through the scale subresource.
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]

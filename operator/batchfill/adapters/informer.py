@@ -65,16 +65,38 @@ def pick(obj: Mapping[str, Any], fields: Fields) -> dict[str, Any]:
     return out
 
 
-def _replicas_entries(managed: Any) -> list[dict[str, Any]]:
-    """managedFields reduced to who owns ``spec.replicas`` (an apply entry otherwise lists the whole template)."""
+#: The managedFields the loops read: who owns ``spec.replicas`` (a hand scale) and the pod template's config-hash
+#: annotation (a hand rollback, ``controller.status.hand_rollback``).
+OWNED_FIELDS: Fields = {
+    "f:spec": {
+        "f:replicas": True,
+        "f:template": {"f:metadata": {"f:annotations": {"f:batchfill.io/config-hash": True}}},
+    }
+}
+
+
+def _prune(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` without the objects left empty by :func:`pick` (an entry that owns none of them is empty)."""
+    out: dict[str, Any] = {}
+    for k, v in fields.items():
+        if isinstance(v, dict) and v:
+            v = _prune(v)
+            if v:
+                out[k] = v
+        elif not isinstance(v, dict) or k in ("f:replicas", "f:batchfill.io/config-hash"):
+            out[k] = v
+    return out
+
+
+def _owned_entries(managed: Any) -> list[dict[str, Any]]:
+    """managedFields reduced to :data:`OWNED_FIELDS` (an apply entry otherwise lists the whole template)."""
     out = []
     for entry in managed if isinstance(managed, list) else []:
         if not isinstance(entry, Mapping):
             continue
-        spec = (entry.get("fieldsV1") or {}).get("f:spec")
-        owns = isinstance(spec, Mapping) and "f:replicas" in spec
+        fields = entry.get("fieldsV1")
         kept = pick(entry, {"manager": True, "operation": True, "subresource": True, "time": True})
-        out.append(kept | {"fieldsV1": {"f:spec": {"f:replicas": {}}} if owns else {}})
+        out.append(kept | {"fieldsV1": _prune(pick(fields, OWNED_FIELDS)) if isinstance(fields, Mapping) else {}})
     return out
 
 
@@ -82,21 +104,32 @@ def _replicas_entries(managed: Any) -> list[dict[str, Any]]:
 #: the replicas, and its status.
 DEPLOYMENT_FIELDS: Fields = {
     "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "generation": True},
-    "spec": {"replicas": True, "template": {"metadata": {"labels": True, "annotations": True}}},
+    "spec": {
+        "replicas": True,
+        "template": {"metadata": {"labels": True, "annotations": True}, "spec": {"volumes": True}},
+    },
     "status": True,
 }
 #: What the loops read of a Triton pod: readiness, the scheduler's reason, its IPs.
 POD_FIELDS: Fields = {
     "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "deletionTimestamp": True},
-    "status": {"phase": True, "conditions": True, "podIP": True, "podIPs": True},
+    # the container statuses say why a pod is not Ready (crash loop, failed image pull: controller.status)
+    "status": {
+        "phase": True,
+        "reason": True,
+        "message": True,
+        "conditions": True,
+        "podIP": True,
+        "podIPs": True,
+        "containerStatuses": True,
+        "initContainerStatuses": True,
+    },
 }
 
 
 def _trim_deployment(obj: Mapping[str, Any]) -> dict[str, Any]:
     out = pick(obj, DEPLOYMENT_FIELDS)
-    out.setdefault("metadata", {})["managedFields"] = _replicas_entries(
-        (obj.get("metadata") or {}).get("managedFields")
-    )
+    out.setdefault("metadata", {})["managedFields"] = _owned_entries((obj.get("metadata") or {}).get("managedFields"))
     return out
 
 

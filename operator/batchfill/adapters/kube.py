@@ -24,7 +24,8 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 from urllib3.exceptions import HTTPError
 
-FIELD_MANAGER = "batchfill"
+from batchfill.render.kube import FIELD_MANAGER
+
 log = logging.getLogger(__name__)
 
 #: HTTP statuses worth retrying: conflict, throttling, server-side trouble.
@@ -245,6 +246,28 @@ class Kube:
         try:
             resp = client.CoreV1Api(self.api).list_namespaced_pod(
                 namespace, label_selector=label_selector, _preload_content=False
+            )
+        except (ApiException, HTTPError) as e:
+            raise _classify(e, what) from None
+        return _items(resp, what)
+
+    def list_config_maps(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        """ConfigMaps matching the ``{key: value}`` label equalities."""
+        what = f"list configmaps {namespace}"
+        try:
+            resp = client.CoreV1Api(self.api).list_namespaced_config_map(
+                namespace, label_selector=_selector(selector), _preload_content=False
+            )
+        except (ApiException, HTTPError) as e:
+            raise _classify(e, what) from None
+        return _items(resp, what)
+
+    def list_replica_sets(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        """ReplicaSets matching the ``{key: value}`` label equalities (a Deployment's carry its pod labels)."""
+        what = f"list replicasets {namespace}"
+        try:
+            resp = client.AppsV1Api(self.api).list_namespaced_replica_set(
+                namespace, label_selector=_selector(selector), _preload_content=False
             )
         except (ApiException, HTTPError) as e:
             raise _classify(e, what) from None

@@ -29,6 +29,8 @@ class ConditionType(StrEnum):
     BATCHING_EFFECTIVE = "BatchingEffective"
     METRICS_AVAILABLE = "MetricsAvailable"
     CAPACITY_LIMITED = "CapacityLimited"
+    #: only while the pods run another config than the plan's: False, RolledBackByHand
+    CONFIG_APPLIED = "ConfigApplied"
 
 
 class SpecReason(StrEnum):
@@ -57,6 +59,7 @@ class ScalingReason(StrEnum):
     SCALE_OUT_FROM_ZERO = "ScaleOutFromZero"
     HOLD_IDLE = "HoldIdle"
     HOLD_REPLICAS_PENDING = "HoldReplicasPending"
+    HOLD_REPLICAS_FAILING = "HoldReplicasFailing"
     HOLD_CAPACITY_ON_THE_WAY = "HoldCapacityOnTheWay"
     HOLD_SETTLING = "HoldSettling"
     AT_MAX_REPLICAS = "AtMaxReplicas"
@@ -124,6 +127,9 @@ class ConditionReason(StrEnum):
     # Ready
     REPLICAS_READY = "ReplicasReady"
     NO_READY_REPLICAS = "NoReadyReplicas"
+    REPLICAS_FAILING = "ReplicasFailing"
+    # ConfigApplied=False: someone rolled the Deployment back (kubectl rollout undo); batchfill leaves it
+    ROLLED_BACK_BY_HAND = "RolledBackByHand"
     # MetricsAvailable: True with traffic or without, False when the signals name no reason
     IDLE = "Idle"
     SIGNALS_OK = "SignalsOk"
@@ -141,6 +147,7 @@ class EventReason(StrEnum):
 
     DEPLOYED = "Deployed"
     CONFIG_CHANGED = "ConfigChanged"
+    ROLLED_BACK_BY_HAND = ConditionReason.ROLLED_BACK_BY_HAND
     #: scaling.mode Auto restored the replica count someone else set on the Deployment
     MANUAL_SCALE_REVERTED = "ManualScaleReverted"
     #: a scale status recorded but the Deployment never got (the operator stopped in between) was completed

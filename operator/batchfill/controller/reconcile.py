@@ -4,7 +4,8 @@
   :mod:`batchfill.controller.desired`; the plan is cached by spec, so a resume or a status-only event does not
   re-simulate);
 * gather: read what exists (the Deployment's replicas, whether ServiceMonitor is served);
-* act: server-side apply the children (an unchanged child is a no-op on the server), then compute the status
+* act: server-side apply the children (an unchanged child is a no-op on the server), hand each older config
+  ConfigMap to the ReplicaSets that mount it (:mod:`batchfill.controller.configs`), then compute the status
   (:mod:`batchfill.controller.status`, from the Deployment as applied) and return only the fields that differ
   from the stored status, so an idle system writes nothing.
 
@@ -22,17 +23,20 @@ from typing import Any
 from batchfill.adapters.kube import Kube, KubeNotFoundError
 from batchfill.api.errors import SpecError
 from batchfill.api.reasons import ConditionType, EventReason
+from batchfill.controller.configs import config_owners
 from batchfill.controller.desired import adopted_profile, desired_state
-from batchfill.controller.status import changed_fields, desired_status, rejection_status
+from batchfill.controller.status import changed_fields, desired_status, hand_rollback, rejection_status
 from batchfill.policy import conditions as cond
 from batchfill.render.kube import (
     CONFIG_HASH_ANNOTATION,
+    CONFIG_KEY,
     Owner,
     build_configmap,
     build_deployment,
     build_service,
     build_service_monitor,
     names,
+    selector_labels,
 )
 
 log = logging.getLogger("batchfill")
@@ -102,17 +106,31 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
         replicas = desired.spec.scaling.minReplicas
     with_monitor = kube.has_kind(*SERVICE_MONITOR)
 
+    # a person's rollback (kubectl rollout undo) holds until the spec changes: a resume or a re-apply of the
+    # same generation leaves the Deployment as they set it (controller.status.hand_rollback)
+    rolled_back, who = hand_rollback(existing, desired)
+    keep = existing is not None and rolled_back and status.get("observedGeneration") == generation
+
     # act
     kube.apply(build_configmap(owner, desired.config, desired.config_hash))
-    deployment = kube.apply(build_deployment(owner, desired.spec, desired.config_hash, replicas))
+    if keep:
+        assert existing is not None
+        deployment = existing
+    else:
+        deployment = kube.apply(build_deployment(owner, desired.spec, desired.config_hash, replicas))
     kube.apply(build_service(owner))
     if with_monitor:
         apply_service_monitor(kube, build_service_monitor(owner))
+    own_configs(kube, owner, deployment)
     old_hash = ((existing or {}).get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {}).get(
         CONFIG_HASH_ANNOTATION
     )
     if existing is None:
         emit("Normal", EventReason.DEPLOYED, f"created Triton Deployment with config {desired.config_hash}")
+    elif keep:
+        log.info(
+            "%s/%s: config %s set by %s kept until the spec changes", owner.namespace, owner.name, rolled_back, who
+        )
     elif old_hash != desired.config_hash:
         emit(
             "Normal",
@@ -122,6 +140,25 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
 
     wanted = desired_status(body, desired, deployment, now=now)
     return changed_fields(status, wanted)
+
+
+def own_configs(kube: Kube, owner: Owner, deployment: Mapping[str, Any]) -> list[str]:
+    """Give each of the owner's config ConfigMaps the owners :func:`config_owners` says (gather the ConfigMaps and
+    ReplicaSets, decide, apply only the changed ones); returns the names re-owned. The garbage collector then
+    deletes a config once no ReplicaSet can mount it again.
+
+    Raises:
+        KubeTemporaryError / KubePermanentError: from the API (adapters.kube).
+    """
+    selector = selector_labels(owner)
+    configmaps = {cm["metadata"]["name"]: cm for cm in kube.list_config_maps(owner.namespace, selector)}
+    replica_sets = kube.list_replica_sets(owner.namespace, selector)
+    changed = config_owners(owner.reference(), configmaps.values(), deployment, replica_sets)
+    for name, owners in changed.items():
+        cm = configmaps[name]
+        digest = cm["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        kube.apply(build_configmap(owner, (cm.get("data") or {}).get(CONFIG_KEY, ""), digest, owners=owners))
+    return list(changed)
 
 
 def apply_service_monitor(kube: Kube, monitor: dict[str, Any]) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchfill.adapters import operator_metrics
-from batchfill.adapters.kube import FIELD_MANAGER, Kube, KubePermanentError, KubeTemporaryError
+from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.metrics import SignalTarget
 from batchfill.api.errors import SpecError
 from batchfill.api.reasons import ConditionType, EventReason, ScalingReason, SignalsReason
@@ -36,7 +36,9 @@ from batchfill.controller.status import (
     PodCounts,
     changed_fields,
     children_drift,
+    config_applied_condition,
     desired_status,
+    hand_rollback,
     observed_status,
     pod_counts,
     replicas_managers,
@@ -57,14 +59,19 @@ from batchfill.policy.scaling import (
     history_to_store,
 )
 from batchfill.policy.signals import ModelSignals, SignalState
-from batchfill.render.kube import Owner, build_service_monitor, names, selector_labels
+from batchfill.render.kube import FIELD_MANAGER, Owner, build_service_monitor, names, selector_labels
 
 log = logging.getLogger("batchfill")
 
 #: Decision reasons that are posted as Warning events (the rest are Normal).
 #: (HoldMetricsUnknown has its own rule: once per MetricsAvailable=False reason, see _scale_events.)
 WARNING_REASONS = frozenset(
-    {ScalingReason.HOLD_REPLICAS_PENDING, ScalingReason.AT_MAX_REPLICAS, ScalingReason.HOLD_NO_CAPACITY}
+    {
+        ScalingReason.HOLD_REPLICAS_PENDING,
+        ScalingReason.HOLD_REPLICAS_FAILING,
+        ScalingReason.AT_MAX_REPLICAS,
+        ScalingReason.HOLD_NO_CAPACITY,
+    }
 )
 
 #: The signals of one model's Ready pods (SignalHub.signals); never raises for Prometheus trouble.
@@ -269,9 +276,10 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     decision = decide(ScalingInput(now, signals, PlanNumbers.from_status(plan), spec.scaling, replicas, history))
     target = decision.desired_replicas if decision.apply else current
     events = _scale_events(status, deployment, signals, desired, decision, current, target, restored)
+    events = (*events, *rollback_events(status, deployment, desired))
 
     extra = scaling_conditions(decision, signals)
-    wanted = desired_status(inputs.body, desired, deployment, now=now, extra=extra)
+    wanted = desired_status(inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing)
     wanted["desiredReplicas"] = decision.desired_replicas
     wanted["appliedReplicas"] = target if auto else None
     wanted["lastScaleReason"] = decision.reason
@@ -318,7 +326,18 @@ def _replicas(current: int, pods: PodCounts, signals: ModelSignals) -> Replicas:
         starting=pods.starting + len(pods.ready) - measured,
         pending=pods.pending,
         pending_reason=pods.pending_reason,
+        failing=len(pods.failing),
+        failing_reason=pods.failing[0] if pods.failing else "",
     )
+
+
+def rollback_events(status: Mapping[str, Any], deployment: Mapping[str, Any], desired: Desired) -> list[Event]:
+    """A Warning once a hand rollback begins to hold (the stored ConfigApplied does not say so yet)."""
+    applied = config_applied_condition(hand_rollback(deployment, desired), desired)
+    stored = cond.find(status.get("conditions"), ConditionType.CONFIG_APPLIED)
+    if applied is None or (stored is not None and stored.get("message") == applied.message):
+        return []
+    return [("Warning", EventReason.ROLLED_BACK_BY_HAND, applied.message)]
 
 
 def _scale_events(

@@ -21,7 +21,7 @@ from batchfill.policy import conditions as cond
 from batchfill.policy.plan import significant
 from batchfill.policy.scaling import Decision, Recommendation
 from batchfill.policy.signals import ModelSignals, SignalState
-from batchfill.render.kube import CONFIG_HASH_ANNOTATION
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION, CONFIG_NAME_INFIX, FIELD_MANAGER, template_config_name
 
 _OBSERVED_DIGITS = 3  # significant digits of status.observed: finer noise would rewrite status every tick
 
@@ -69,8 +69,31 @@ def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dic
     return {k: v for k, v in wanted.items() if as_stored(current.get(k)) != as_stored(v)}
 
 
-def _reconciled_conditions(desired: Desired, ready: int, total: int) -> list[cond.ConditionUpdate]:
-    """ConfigValid, SLAFeasible, Planned and Ready of a spec whose plan is served."""
+#: Failing pods a condition message names (the rest are counted).
+NAMED_FAILING_PODS = 3
+
+
+def _ready_condition(ready: int, total: int, failing: Sequence[str]) -> cond.ConditionUpdate:
+    message = f"{ready}/{total} Triton replicas ready"
+    if failing:
+        named = "; ".join(failing[:NAMED_FAILING_PODS])
+        more = f"; and {len(failing) - NAMED_FAILING_PODS} more" if len(failing) > NAMED_FAILING_PODS else ""
+        message += f"; {len(failing)} failing, no capacity until fixed: {named}{more}"
+    return cond.ConditionUpdate(
+        ConditionType.READY,
+        ConditionStatus.TRUE if ready > 0 else ConditionStatus.FALSE,
+        ConditionReason.REPLICAS_FAILING
+        if failing
+        else (ConditionReason.REPLICAS_READY if ready > 0 else ConditionReason.NO_READY_REPLICAS),
+        message,
+    )
+
+
+def _reconciled_conditions(
+    desired: Desired, ready: int, total: int, failing: Sequence[str] = ()
+) -> list[cond.ConditionUpdate]:
+    """ConfigValid, SLAFeasible, Planned and Ready of a spec whose plan is served (``failing``: the failing pods,
+    ``"<pod>: <reason>"`` each, which Ready names)."""
     plan = desired.plan_status
     first = desired.profile_source == PlannedProfileSource.FIRST_PLAN
     settings = (
@@ -104,12 +127,7 @@ def _reconciled_conditions(desired: Desired, ready: int, total: int) -> list[con
             ),
             f"{settings}; capacity unknown until the profile is measured" if first else settings,
         ),
-        cond.ConditionUpdate(
-            ConditionType.READY,
-            ConditionStatus.TRUE if ready > 0 else ConditionStatus.FALSE,
-            ConditionReason.REPLICAS_READY if ready > 0 else ConditionReason.NO_READY_REPLICAS,
-            f"{ready}/{total} Triton replicas ready",
-        ),
+        _ready_condition(ready, total, failing),
     ]
 
 
@@ -120,6 +138,7 @@ def desired_status(
     *,
     now: float,
     extra: Sequence[cond.ConditionUpdate] = (),
+    failing: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The status a reconciled BatchedModel should have.
 
@@ -129,6 +148,7 @@ def desired_status(
         deployment: the Triton Deployment as the API returns it (its ``status`` counts replicas), or None.
         now: seconds since the epoch (new conditions' lastTransitionTime).
         extra: further conditions (the scaling tick's MetricsAvailable, CapacityLimited, BatchingEffective).
+        failing: the pods that will not become Ready by waiting (``PodCounts.failing``), named by Ready.
     """
     meta = body["metadata"]
     status: Mapping[str, Any] = body.get("status") or {}
@@ -136,17 +156,21 @@ def desired_status(
     dep_status = (deployment or {}).get("status") or {}
     ready = int(dep_status.get("readyReplicas") or 0)
     total = int(dep_status.get("replicas") or 0)
-    updates = [*_reconciled_conditions(desired, ready, total), *extra]
+    updates = [*_reconciled_conditions(desired, ready, total, failing), *extra]
     batching = ConditionType.BATCHING_EFFECTIVE
     warnings = [w for w in desired.plan.warnings if w.condition == batching]
     if warnings:
         updates.append(cond.ConditionUpdate(batching, ConditionStatus.UNKNOWN, warnings[0].reason, warnings[0].message))
+    applied = config_applied_condition(hand_rollback(deployment, desired), desired)
+    if applied is not None:
+        updates.append(applied)
+    remove = [] if warnings or any(u.type == batching for u in extra) else [batching]
     conditions = cond.apply_conditions(
         status.get("conditions"),
         updates,
         generation=generation,
         now=now,
-        remove=() if warnings or any(u.type == batching for u in extra) else (batching,),
+        remove=remove if applied is not None else [*remove, ConditionType.CONFIG_APPLIED],
     )
     out: dict[str, Any] = {
         "observedGeneration": generation,
@@ -177,20 +201,73 @@ def desired_status(
 
 @dataclass(frozen=True)
 class PodCounts:
-    """The BatchedModel's pods now: names of the Ready ones, others starting, and unschedulable ones."""
+    """The BatchedModel's pods now: names of the Ready ones, others starting, unschedulable ones, and failing ones
+    (``failing``: ``"<pod>: <reason>"`` each, sorted by pod name)."""
 
     ready: frozenset[str]
     starting: int
     pending: int
     pending_reason: str
+    failing: tuple[str, ...] = ()
+
+
+#: Container waiting reasons the kubelet sets for a container that will not start by waiting
+#: (kubernetes/pkg/kubelet/images/types.go, kubernetes/pkg/kubelet/container/sync_result.go).
+FAILING_WAITING_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+def _container_failure(c: Mapping[str, Any], init: bool) -> str:
+    """Why one container status (``status.containerStatuses[i]``) will not become Ready by waiting ("": it may)."""
+    name = f"init container {c.get('name')}" if init else str(c.get("name"))
+    state = c.get("state") or {}
+    last = (c.get("lastState") or {}).get("terminated") or {}
+    restarts = int(c.get("restartCount") or 0)
+    waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+    if waiting.get("reason") in FAILING_WAITING_REASONS:
+        if last:
+            how = f"{last.get('reason') or 'exited'} with exit code {last.get('exitCode')}"
+            return f"{waiting['reason']} ({name}: {how}, {restarts} restarts)"
+        return f"{waiting['reason']} ({name}: {str(waiting.get('message') or '')[:200]})"
+    if terminated and terminated.get("exitCode") not in (None, 0):
+        return f"{terminated.get('reason') or 'Error'} ({name} exited with exit code {terminated['exitCode']})"
+    return ""
+
+
+def pod_failure(pod: Mapping[str, Any]) -> str:
+    """Why a scheduled, not Ready pod will not become Ready by waiting, from its status as the kubelet writes it
+    ("": it may still): phase Failed (e.g. Evicted), an init or main container crash-looping, exited with an
+    error, or unable to start (image, config). A failing model load is one of these: tritonserver exits when a
+    model of the repository fails to load (``--exit-on-error``, on by default), and the kubelet restarts it."""
+    status = pod.get("status") or {}
+    if status.get("phase") == "Failed":
+        return f"{status.get('reason') or 'Failed'}: {str(status.get('message') or '')[:200]}".rstrip(": ")
+    for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
+        for c in status.get(key) or []:
+            why = _container_failure(c, init)
+            if why:
+                return why
+    return ""
 
 
 def pod_counts(pods: Sequence[Mapping[str, Any]]) -> PodCounts:
     """Classify pods (terminating ones do not count): Ready; Pending with PodScheduled=False (the scheduler's
-    message, e.g. ``0/2 nodes are available: 2 Insufficient nvidia.com/gpu``); everything else is starting."""
+    message, e.g. ``0/2 nodes are available: 2 Insufficient nvidia.com/gpu``); failing (:func:`pod_failure`);
+    everything else is starting."""
     ready: set[str] = set()
     starting = pending = 0
     reason = ""
+    failing: list[str] = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         if meta.get("deletionTimestamp"):
@@ -201,9 +278,11 @@ def pod_counts(pods: Sequence[Mapping[str, Any]]) -> PodCounts:
         elif (conds.get("PodScheduled") or {}).get("status") == "False":
             pending += 1
             reason = reason or str(conds["PodScheduled"].get("message") or conds["PodScheduled"].get("reason") or "")
+        elif why := pod_failure(pod):
+            failing.append(f"{meta.get('name', '')}: {why}")
         else:
             starting += 1
-    return PodCounts(frozenset(ready), starting, pending, reason)
+    return PodCounts(frozenset(ready), starting, pending, reason, tuple(sorted(failing)))
 
 
 def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -215,6 +294,61 @@ def ready_pod_ips(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
         if ready and not meta.get("deletionTimestamp") and st.get("podIP") and meta.get("uid"):
             out.append((str(meta["uid"]), str(st["podIP"])))
     return out
+
+
+def _template(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
+    return ((deployment.get("spec") or {}).get("template")) or {}
+
+
+def config_hash_managers(deployment: Mapping[str, Any]) -> list[str]:
+    """The field managers that own the pod template's config-hash annotation (its managedFields)."""
+    owners = []
+    for entry in (deployment.get("metadata") or {}).get("managedFields") or []:
+        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        annotations = (((fields.get("f:template") or {}).get("f:metadata") or {}).get("f:annotations")) or {}
+        if isinstance(annotations, Mapping) and f"f:{CONFIG_HASH_ANNOTATION}" in annotations:
+            owners.append(str(entry.get("manager") or "?"))
+    return owners
+
+
+def hand_rollback(deployment: Mapping[str, Any] | None, desired: Desired) -> tuple[str, str]:
+    """(config hash, who) when a person rolled the Deployment back to another of the model's configs (``kubectl
+    rollout undo``, field manager ``kubectl-rollout``), else ("", "").
+
+    A rollback is a template whose config differs from the plan's, whose config-hash annotation batchfill no
+    longer owns (a write by another manager took it, https://kubernetes.io/docs/reference/using-api/server-side-apply/#field-management),
+    and whose config volume mounts the ConfigMap of that very hash (one batchfill rendered, not a hand edit of
+    the annotation). batchfill leaves it until the next spec change: reverting it would undo the person's fix.
+    """
+    if deployment is None:
+        return "", ""
+    template = _template(deployment)
+    served = str(((template.get("metadata") or {}).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION) or "")
+    managers = config_hash_managers(deployment)
+    mounted = template_config_name(template.get("spec")) or ""
+    if (
+        not served
+        or served == desired.config_hash
+        or not managers
+        or FIELD_MANAGER in managers
+        or not mounted.endswith(f"{CONFIG_NAME_INFIX}{served}")
+    ):
+        return "", ""
+    return served, ", ".join(managers)
+
+
+def config_applied_condition(rollback: tuple[str, str], desired: Desired) -> cond.ConditionUpdate | None:
+    """ConfigApplied=False while a hand rollback holds (None otherwise: the condition is then removed)."""
+    served, who = rollback
+    if not served:
+        return None
+    return cond.ConditionUpdate(
+        ConditionType.CONFIG_APPLIED,
+        ConditionStatus.FALSE,
+        ConditionReason.ROLLED_BACK_BY_HAND,
+        f"the pods run config {served}, set by {who} (kubectl rollout undo?), not the plan's {desired.config_hash}; "
+        "batchfill leaves it until the spec changes",
+    )
 
 
 def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, status: Mapping[str, Any]) -> str:
@@ -231,7 +365,7 @@ def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, statu
         "annotations"
     ) or {}
     served = annotations.get(CONFIG_HASH_ANNOTATION)
-    if served != desired.config_hash:
+    if served != desired.config_hash and not hand_rollback(deployment, desired)[0]:
         return f"the Deployment's pods carry config {served}, the plan's is {desired.config_hash}"
     wanted = desired.plan_status.model_dump(mode="json", exclude_none=True)
     if as_stored(status.get("plan")) != as_stored(wanted):

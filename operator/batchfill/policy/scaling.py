@@ -27,7 +27,11 @@ Rules, the first that applies decides:
    Replicas starting or Pending are capacity on the way: no second step for the same
    evidence (HoldCapacityOnTheWay), none at all while pods are unschedulable (HoldReplicasPending), and none
    while the evidence still covers time before the last replica became Ready (HoldSettling: the signal
-   window for fill and queue time, also Triton's 60 s summary for a p99-driven step).
+   window for fill and queue time, also Triton's 60 s summary for a p99-driven step). A *failing* replica
+   (crash-looping, its model not loading, readiness lost after start: ``Replicas.failing``) is no capacity,
+   on the way or otherwise: the step adds one replica for each beside the target, since the Deployment
+   controller removes unready pods first on the way down; with no replica Ready at all and some failing,
+   more replicas of the same config would fail the same way, so it holds (HoldReplicasFailing).
 5. Without evidence a higher load-proportional count is not acted on (HoldNotSaturated): the replicas keep
    the SLA, so the plan's capacity is conservative and another GPU would only lower the fill.
 6. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
@@ -170,14 +174,18 @@ class PlanNumbers:
 @dataclass(frozen=True)
 class Replicas:
     """The Deployment now. ``current`` is spec.replicas; ``starting`` are scheduled but not Ready; ``pending``
-    cannot be scheduled (``pending_reason``: the scheduler's message, e.g. ``Insufficient nvidia.com/gpu``).
-    Capacity on the way is ``current - ready``; ``starting`` only goes into messages."""
+    cannot be scheduled (``pending_reason``: the scheduler's message, e.g. ``Insufficient nvidia.com/gpu``);
+    ``failing`` are scheduled, not Ready and will not become Ready by waiting (``failing_reason``: the first
+    one's pod and reason, e.g. ``m-triton-abc: CrashLoopBackOff``). Capacity on the way is
+    ``current - ready - failing``; ``starting`` only goes into messages."""
 
     current: int
     ready: int
     starting: int = 0
     pending: int = 0
     pending_reason: str = ""
+    failing: int = 0
+    failing_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -243,6 +251,8 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
     hi = max(spec.maxReplicas, 0)
     lo = min(max(spec.minReplicas, 0), hi)  # an invalid min > max: the GPU budget wins
     current, ready, pending = max(rep.current, 0), max(rep.ready, 0), max(rep.pending, 0)
+    failing = min(max(rep.failing, 0), max(current - ready, 0))
+    usable = current - failing  # Ready, or on the way
     window_s = float(spec.scaleDownStabilizationSeconds)
     u, cap = spec.targetUtilization, plan.capacity_rps
     budget = plan.server_budget_ms if math.isfinite(plan.server_budget_ms) and plan.server_budget_ms > 0 else None
@@ -308,6 +318,8 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
     )
     in_stab = [h.replicas for h in history if h.time > now - window_s]
     pending_note = f"; {pending} Pending: {rep.pending_reason or 'unschedulable'}" if pending else ""
+    if failing:
+        pending_note += f"; {failing} failing: {rep.failing_reason or 'not Ready'}"
 
     def out(
         desired: int, reason: ScalingReason, message: str, vote: int | None = None, limited: bool = False
@@ -357,8 +369,11 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
 
         wants_out = saturated or sla_at_risk
         if wants_out:
-            target = max(rec, min(ready, current) + 1)
+            target = max(rec, min(ready, usable) + 1)
             why = "saturated" if saturated else "SLA at risk"
+            if failing and not ready:
+                msg = f"{why}, but no replica is Ready: more of this config would fail the same way; {facts}"
+                return out(current, ScalingReason.HOLD_REPLICAS_FAILING, msg, target)
             if pending:
                 return out(
                     current,
@@ -366,23 +381,23 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
                     f"{why} but replicas cannot be scheduled; {facts}",
                     target,
                 )
-            if target <= current:
+            if target <= usable:
                 return out(
                     current,
                     ScalingReason.HOLD_CAPACITY_ON_THE_WAY,
-                    f"{why}, {current - ready} not Ready yet ({rep.starting} starting); {facts}",
+                    f"{why}, {usable - ready} not Ready yet ({rep.starting} starting); {facts}",
                     target,
                 )
             # fill and queue time describe the window; only a p99-driven step waits out Triton's summary too
             settle = sig.window_s if saturated or queue_risk else settle_s
-            if rec <= current and any(h.ready < ready for h in history if h.time >= now - settle):
+            if rec <= usable and any(h.ready < ready for h in history if h.time >= now - settle):
                 msg = f"{why}, but a replica became Ready within the last {settle:.0f} s of signals; {facts}"
                 return out(current, ScalingReason.HOLD_SETTLING, msg, target)
             if current >= hi:
                 return out(
                     current, ScalingReason.AT_MAX_REPLICAS, f"{why} at maxReplicas {hi}; {facts}", target, limited=True
                 )
-            desired = min(target, hi, 2 * current)
+            desired = min(target + failing, hi, 2 * current)
             reason = ScalingReason.SCALE_OUT_SATURATED if saturated else ScalingReason.SCALE_OUT_SLA_AT_RISK
             return out(desired, reason, f"{why}: {current} -> {desired}; {facts}", target, limited=target > hi)
         if rec > current:

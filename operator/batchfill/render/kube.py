@@ -11,7 +11,7 @@ equal to limits when given).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,8 @@ from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import API_VERSION, KIND, BatchedModelSpec
 from batchfill.api.validate import GPU_RESOURCE
 
+#: The server-side apply field manager of every write batchfill makes (managedFields tell its writes from others').
+FIELD_MANAGER = "batchfill"
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 MODEL_DIR = "/models"
 SOURCE_DIR = "/model-source"
@@ -30,6 +32,15 @@ MODEL_LABEL = "batchfill.io/batchedmodel"
 TRITON_UID = 1000
 #: Model loads can be slow (large engines, cold object stores): allow 20 minutes before liveness applies.
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 120
+#: Termination, in order (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination): a
+#: deleted pod leaves the EndpointSlices while its preStop hook runs, but kube-proxy, load balancers and client-side
+#: balancers see that only later. The hook keeps Triton serving for PRESTOP_DELAY_S so that a request sent to the
+#: stale endpoint meanwhile is still answered; then SIGTERM, and Triton finishes its in-flight requests for up to
+#: EXIT_TIMEOUT_S (``--exit-timeout-secs``); the grace period covers both with room to spare before SIGKILL.
+#: An exec ``sleep``, not the hook's ``sleep`` action, which Kubernetes before 1.30 drops (the chart allows 1.29).
+PRESTOP_DELAY_S = 10
+EXIT_TIMEOUT_S = 30
+TERMINATION_GRACE_S = PRESTOP_DELAY_S + EXIT_TIMEOUT_S + 20
 
 
 @dataclass(frozen=True)
@@ -53,9 +64,9 @@ class Owner:
 
 
 def names(owner: Owner) -> dict[str, str]:
-    """Child object names, derived from the BatchedModel's name (stable across reconciles)."""
+    """Child object names, derived from the BatchedModel's name (stable across reconciles). The ConfigMaps are
+    named by their content: :func:`configmap_name`."""
     return {
-        "configmap": f"{owner.name}-triton-config",
         "deployment": f"{owner.name}-triton",
         "service": f"{owner.name}-triton",
         "servicemonitor": f"{owner.name}-triton",
@@ -81,24 +92,62 @@ def labels(owner: Owner) -> dict[str, str]:
     }
 
 
-def _meta(owner: Owner, name: str, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+def _meta(
+    owner: Owner,
+    name: str,
+    annotations: Mapping[str, str] | None = None,
+    owners: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": owner.namespace,
         "labels": labels(owner),
-        "ownerReferences": [owner.reference()],
+        "ownerReferences": [owner.reference()] if owners is None else [dict(r) for r in owners],
     }
     if annotations:
         meta["annotations"] = dict(annotations)
     return meta
 
 
-def build_configmap(owner: Owner, config_pbtxt: str, config_hash: str) -> dict[str, Any]:
-    """The ConfigMap holding the rendered ``config.pbtxt``."""
+def configmap_name(owner: Owner, config_hash: str) -> str:
+    """The name of the ConfigMap holding the config of digest ``config_hash`` (``render.config_hash``).
+
+    Named by content and immutable: a pod of an older ReplicaSet that restarts mid-rollout mounts its own config,
+    not the new one, and ``kubectl rollout undo`` brings back a template whose config still exists (an older
+    config is owned by the ReplicaSets that mount it, so it is garbage-collected with the last of them:
+    ``controller.configs``).
+    """
+    return f"{owner.name}{CONFIG_NAME_INFIX}{config_hash}"
+
+
+#: Between the BatchedModel's name and the config digest in a config ConfigMap's name.
+CONFIG_NAME_INFIX = "-triton-config-"
+#: The pod volume that mounts the config ConfigMap.
+CONFIG_VOLUME = "config"
+
+
+def template_config_name(pod_spec: Mapping[str, Any] | None) -> str | None:
+    """The ConfigMap a pod spec (a Pod's, or a pod template's ``spec``) mounts as its config (None: none)."""
+    for volume in (pod_spec or {}).get("volumes") or []:
+        if volume.get("name") == CONFIG_VOLUME:
+            name = (volume.get("configMap") or {}).get("name")
+            return str(name) if name else None
+    return None
+
+
+def build_configmap(
+    owner: Owner, config_pbtxt: str, config_hash: str, owners: Sequence[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The immutable ConfigMap holding the rendered ``config.pbtxt``, named by its digest (:func:`configmap_name`).
+
+    ``owners``: its ownerReferences, when not the BatchedModel (an older config is owned by the ReplicaSets that
+    mount it: ``controller.configs``).
+    """
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(owner, names(owner)["configmap"], {CONFIG_HASH_ANNOTATION: config_hash}),
+        "metadata": _meta(owner, configmap_name(owner, config_hash), {CONFIG_HASH_ANNOTATION: config_hash}, owners),
+        "immutable": True,
         "data": {CONFIG_KEY: config_pbtxt},
     }
 
@@ -142,7 +191,7 @@ def triton_args(spec: BatchedModelSpec) -> list[str]:
         "--allow-metrics=true",
         "--allow-gpu-metrics=true",
         "--metrics-config=summary_latencies=true",
-        "--exit-timeout-secs=30",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
     ]
     if spec.model.inputs and spec.model.outputs:
         args.append("--disable-auto-complete-config")
@@ -222,6 +271,7 @@ def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, rep
             "periodSeconds": STARTUP_PERIOD_S,
             "failureThreshold": STARTUP_FAILURES,
         },
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_S)]}}},
         "volumeMounts": [
             {"name": "models", "mountPath": MODEL_DIR, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},  # the Python backend talks to its stubs through it
@@ -240,7 +290,7 @@ def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, rep
                 "command": ["sh", "-c", assemble, "assemble-model-repository", *assemble_args],
                 "volumeMounts": [
                     {"name": "model-source", "mountPath": SOURCE_DIR, "readOnly": True},
-                    {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                    {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
                     {"name": "models", "mountPath": MODEL_DIR},
                 ],
                 "securityContext": restricted,
@@ -249,11 +299,11 @@ def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, rep
         "containers": [container],
         "volumes": [
             source,
-            {"name": "config", "configMap": {"name": names(owner)["configmap"]}},
+            {"name": CONFIG_VOLUME, "configMap": {"name": configmap_name(owner, config_hash)}},
             {"name": "models", "emptyDir": {}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         ],
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "enableServiceLinks": False,
     }
     if spec.triton.nodeSelector:

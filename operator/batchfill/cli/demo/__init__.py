@@ -44,7 +44,7 @@ from batchfill.cli.demo.profile import PROFILE_REPEATS, PROFILE_WARMUP, measure_
 from batchfill.cli.demo.report import load_table, report
 from batchfill.cli.demo.results import EXAMPLE, EXAMPLE_MODEL, ROOT, DemoError, DemoOptions, DemoResult
 from batchfill.cli.shutdown import CHILD_GRACE_S, Shutdown, run_cancellable, sigterm_as_interrupt
-from batchfill.render.kube import MODEL_LABEL
+from batchfill.render.kube import MODEL_LABEL, template_config_name
 from batchfill.testbed import devcluster
 from batchfill.testbed.install import (
     CLAIM,
@@ -169,7 +169,10 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
         console,
         lambda: _kubectl(kubeconfig, "get", "pods,events", "-n", ns, "-o", "wide", check=False),
     )
-    configmap = core.read_namespaced_config_map(f"{name}-triton-config", ns)
+    # The config the pods mount: its ConfigMap is named by its digest (render.kube.configmap_name).
+    pod = api.sanitize_for_serialization(core.read_namespaced_pod(next(iter(found)), ns))
+    config_name = template_config_name(pod["spec"]) or ""
+    configmap = core.read_namespaced_config_map(config_name, ns)
     config_pbtxt = str((configmap.data or {})["config.pbtxt"])
     tritons = PodTritons(work / "pods", model, model_files)
     shutdown.on_exit("stop the tritonservers", triton_stop_timeout_s(), tritons.stop)
@@ -177,7 +180,7 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     tritons.sync(ready, config_pbtxt, console, {pod: ip for pod, (_, ip) in found.items()})
 
     result = _load(tritons, ready, model, example, bm["status"]["plan"], options, console)
-    report(console, kubeconfig, ns, name, config_pbtxt, result)
+    report(console, kubeconfig, ns, name, config_name, config_pbtxt, result)
     console.log(f"demo done in {time.monotonic() - t0:.0f} s")
     if options.keep:
         _follow_pods(tritons, kubeconfig, core, ns, selector, config_pbtxt, console)

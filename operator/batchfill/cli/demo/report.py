@@ -16,10 +16,12 @@ def _fmt(v: float | None) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{v:.1f}"
 
 
-def report(console: Console, kubeconfig: Path, ns: str, name: str, config: str, result: DemoResult) -> None:
+def report(
+    console: Console, kubeconfig: Path, ns: str, name: str, config_name: str, config: str, result: DemoResult
+) -> None:
     console.rule("kubectl get bm -A")
     console.print(_kubectl(kubeconfig, "get", "bm", "-A"), markup=False, highlight=False)
-    console.rule(f"kubectl get configmap {name}-triton-config -n {ns}: config.pbtxt derived from the SLA")
+    console.rule(f"kubectl get configmap {config_name} -n {ns}: config.pbtxt derived from the SLA")
     console.print(config, markup=False, highlight=False)
     console.rule("pods on GPU nodes")
     columns = (
