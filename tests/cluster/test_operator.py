@@ -244,6 +244,12 @@ def _served_hash(kube: Kube, ns: str, name: str) -> str:
     return str(dep.spec.template.metadata.annotations[CONFIG_HASH_ANNOTATION])
 
 
+def _rolled_forward(kube: Kube, ns: str, bm: dict[str, Any], old: str) -> bool:
+    """The Deployment serves the plan's config (the Planned message names it), not ``old``."""
+    served = _served_hash(kube, ns, bm["metadata"]["name"])
+    return served != old and f"config {served}" in (condition(bm, ConditionType.PLANNED) or {}).get("message", "")
+
+
 def test_rollout_undo_restores_the_previous_config_and_holds_until_the_spec_changes(kube: Kube, operator: Any) -> None:
     """Each config is an immutable ConfigMap named by its digest and owned by the ReplicaSets that mount it, so a
     real ``kubectl rollout undo`` brings back the old pods with their own config, and the operator leaves the
@@ -287,6 +293,7 @@ def test_rollout_undo_restores_the_previous_config_and_holds_until_the_spec_chan
             60,
         )
         assert h1 in condition(bm, ConditionType.CONFIG_APPLIED)["message"]
+        assert h2 in condition(bm, ConditionType.CONFIG_APPLIED)["message"]
         time.sleep(35)  # two scaling ticks: the operator must not roll forward again
         assert _served_hash(kube, ns, "undo") == h1
         pods = kube.core.list_namespaced_pod(ns, label_selector="batchfill.io/batchedmodel=undo").items
@@ -300,16 +307,14 @@ def test_rollout_undo_restores_the_previous_config_and_holds_until_the_spec_chan
         ]
         assert events.count(EventReason.ROLLED_BACK_BY_HAND) == 1, events
 
-        # the user's next spec change wins
+        # the user's next spec change wins: the pods roll forward to the plan's config
         custom(kube).patch_namespaced_custom_object(
             GROUP, VERSION, ns, PLURAL, "undo", {"spec": {"sla": {"latencyP99Ms": 90, "networkOverheadMs": 10}}}
         )
         bm = until(
             "the new spec applied and ConfigApplied gone",
             lambda: get_bm(kube, ns, "undo"),
-            lambda b: (
-                condition(b, ConditionType.CONFIG_APPLIED) is None and _served_hash(kube, ns, "undo") not in (h1, h2)
-            ),
+            lambda b: condition(b, ConditionType.CONFIG_APPLIED) is None and _rolled_forward(kube, ns, b, h1),
             90,
         )
 

@@ -173,7 +173,7 @@ def test_a_rollout_undo_holds_until_the_spec_changes(kube: FakeKube) -> None:
     cond = _rollback_condition(kube, "m")
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", ConditionReason.ROLLED_BACK_BY_HAND)
-    assert "kubectl-rollout" in cond["message"]
+    assert "kubectl" in cond["message"]
     assert [e[1] for e in kube.events].count(EventReason.ROLLED_BACK_BY_HAND) == 1
 
     kube.calls.clear()

@@ -231,14 +231,14 @@ class FakeKube:
 
     def rollout_undo(self, namespace: str, deployment: str, replica_set: str) -> None:
         """``kubectl rollout undo --to-revision``: the ReplicaSet's template patched into the Deployment by the
-        field manager ``kubectl-rollout``, which thereby owns the fields it changed."""
+        field manager ``kubectl``, which thereby owns the fields it changed."""
         dep = self.objects[(*DEPLOYMENT, namespace, deployment)]
         dep["spec"]["template"] = copy.deepcopy(
             self.objects[("apps/v1", "ReplicaSet", namespace, replica_set)]["spec"]["template"]
         )
         dep["metadata"]["generation"] += 1
         dep["metadata"]["resourceVersion"] = self._rv()
-        self.own_config_hash(dep, "kubectl-rollout", "Update")
+        self.own_config_hash(dep, "kubectl", "Update")
 
     def scale_deployment(self, name: str, namespace: str, replicas: int) -> None:
         self.calls.append(("scale_deployment", namespace, name, replicas))

@@ -313,7 +313,7 @@ def config_hash_managers(deployment: Mapping[str, Any]) -> list[str]:
 
 def hand_rollback(deployment: Mapping[str, Any] | None, desired: Desired) -> tuple[str, str]:
     """(config hash, who) when a person rolled the Deployment back to another of the model's configs (``kubectl
-    rollout undo``, field manager ``kubectl-rollout``), else ("", "").
+    rollout undo``, field manager ``kubectl``), else ("", "").
 
     A rollback is a template whose config differs from the plan's, whose config-hash annotation batchfill no
     longer owns (a write by another manager took it, https://kubernetes.io/docs/reference/using-api/server-side-apply/#field-management),
@@ -346,8 +346,8 @@ def config_applied_condition(rollback: tuple[str, str], desired: Desired) -> con
         ConditionType.CONFIG_APPLIED,
         ConditionStatus.FALSE,
         ConditionReason.ROLLED_BACK_BY_HAND,
-        f"the pods run config {served}, set by {who} (kubectl rollout undo?), not the plan's {desired.config_hash}; "
-        "batchfill leaves it until the spec changes",
+        f"the pods run config {served}, set by {who} (kubectl rollout undo, or an edit), not the plan's "
+        f"{desired.config_hash}; batchfill leaves it until the spec changes",
     )
 
 
