@@ -34,8 +34,15 @@ func TestMain(m *testing.M) {
 // fakeKubelet is the kubelet's side of registration: a Registration server on <dir>/kubelet.sock.
 type fakeKubelet struct {
 	pluginapi.UnimplementedRegistrationServer
+	dir  string
 	srv  *grpc.Server
-	reqs chan *pluginapi.RegisterRequest
+	regs chan registration
+}
+
+// registration is a Register request and whether its endpoint answered while the kubelet handled it.
+type registration struct {
+	req *pluginapi.RegisterRequest
+	err error
 }
 
 func startKubelet(t *testing.T, dir string) *fakeKubelet {
@@ -44,29 +51,41 @@ func startKubelet(t *testing.T, dir string) *fakeKubelet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &fakeKubelet{srv: grpc.NewServer(), reqs: make(chan *pluginapi.RegisterRequest, 4)}
+	k := &fakeKubelet{dir: dir, srv: grpc.NewServer(), regs: make(chan registration, 4)}
 	pluginapi.RegisterRegistrationServer(k.srv, k)
 	go func() { _ = k.srv.Serve(l) }()
 	t.Cleanup(k.srv.Stop)
 	return k
 }
 
-func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	k.reqs <- r
-	return &pluginapi.Empty{}, nil
+// Register does what the kubelet's device manager does before it answers (connectClient in
+// k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1): dial the endpoint, relative to the plugin dir,
+// and ask for the plugin's options; a plugin that does not answer yet is refused.
+func (k *fakeKubelet) Register(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	conn, err := grpc.NewClient("unix://"+filepath.Join(k.dir, r.Endpoint),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err == nil {
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err = pluginapi.NewDevicePluginClient(conn).GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+	}
+	k.regs <- registration{r, err}
+	return &pluginapi.Empty{}, err
 }
 
 // awaitRegister returns the next Register request, checked against what the kubelet requires.
-func (k *fakeKubelet) awaitRegister(t *testing.T, dir string) *pluginapi.RegisterRequest {
+func (k *fakeKubelet) awaitRegister(t *testing.T) *pluginapi.RegisterRequest {
 	t.Helper()
 	select {
-	case r := <-k.reqs:
+	case reg := <-k.regs:
+		r := reg.req
 		if r.Version != pluginapi.Version || r.ResourceName != "nvidia.com/gpu" || r.Endpoint != "fake.sock" {
 			t.Fatalf("Register(version %q, resource %q, endpoint %q), want (v1beta1, nvidia.com/gpu, fake.sock)",
 				r.Version, r.ResourceName, r.Endpoint)
 		}
-		if _, err := os.Stat(filepath.Join(dir, r.Endpoint)); err != nil {
-			t.Fatalf("registered endpoint is not served: %v", err)
+		if reg.err != nil {
+			t.Fatalf("the registered endpoint does not answer during Register: %v", reg.err)
 		}
 		return r
 	case <-time.After(10 * time.Second):
@@ -128,7 +147,7 @@ func TestAgainstFakeKubelet(t *testing.T) {
 		t.Logf("plugin stderr:\n%s", stderr)
 	})
 
-	kubelet.awaitRegister(t, dir)
+	kubelet.awaitRegister(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	client := dialPlugin(t, dir)
@@ -196,7 +215,7 @@ func TestAgainstFakeKubelet(t *testing.T) {
 	// A kubelet restart as the plugin sees it when only kubelet.sock is replaced: stopping the server unlinks it.
 	kubelet.srv.Stop()
 	kubelet = startKubelet(t, dir)
-	kubelet.awaitRegister(t, dir)
+	kubelet.awaitRegister(t)
 	select {
 	case <-streamEnded:
 	case <-time.After(5 * time.Second):
@@ -206,7 +225,7 @@ func TestAgainstFakeKubelet(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "fake.sock")); err != nil {
 		t.Fatal(err)
 	}
-	kubelet.awaitRegister(t, dir)
+	kubelet.awaitRegister(t)
 	if _, err := dialPlugin(t, dir).GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
 		t.Fatalf("the recreated socket does not serve: %v", err)
 	}
