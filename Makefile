@@ -33,10 +33,12 @@ setup: $(STAMP)
 
 # The real Kubernetes control plane (etcd, kube-apiserver, scheduler, controller-manager, kubectl, kwok) and
 # helm, built from Go modules into ~/.cache/batchfill/k8s (outside the repo; rebuilt only when missing).
-# A cold build takes about 10-15 minutes on 2 cores.
+# A cold build takes about 10-15 minutes on 2 cores. The fake-GPU device plugin (tools/fake-gpu-plugin/) is
+# rebuilt there whenever its source changes (seconds).
 tools:
 	scripts/build-k8s.sh
 	scripts/build-helm.sh
+	scripts/build-fake-gpu-plugin.sh
 
 # The whole test suite: unit, property, static checks (ruff, mypy, import-linter run as tests), the
 # component tests against the real tritonserver, and the cluster tests against the real control plane.
