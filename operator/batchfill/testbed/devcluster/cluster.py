@@ -154,7 +154,7 @@ def cluster_up(
     if old is not None:
         _stop_all(old)
 
-    bins = ensure_binaries(con, build=build)
+    bins = ensure_binaries(con, build=build, kubelet=real_nodes > 0)
     prepare_run_dir(run)
     block = claim_pod_block(run)  # drops an earlier claim of this run directory
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
