@@ -10,7 +10,7 @@
 #   scripts/build-k8s.sh --print-dir   print the bin dir (no build)
 #   scripts/build-k8s.sh --force       rebuild everything
 #   BATCHFILL_BUILD_KUBELET=1 ...      also the kubelet (real nodes: `dev-cluster up --real-nodes N`); it is
-#                                      built from the same wrapper module, ~95 s with a warm Go build cache
+#                                      built from the same wrapper module, 40-95 s with a warm Go build cache
 #
 # Output (outside the repository, survives between runs on one machine, never committed):
 #   ${BATCHFILL_K8S_CACHE:-$HOME/.cache/batchfill/k8s}/<k8s version>/bin/{etcd,kube-*,kubectl,kwok[,kubelet]}
@@ -176,7 +176,7 @@ fi
 if [ $need_kubelet = 1 ]; then
   t0=$(date +%s)
   grep -q "^replace k8s.io/api => k8s.io/api v0.${K8S_VERSION#v1.}$" "$WORK/k8s/go.mod" 2>/dev/null || wrapper_module
-  log "go build kubelet (cold: adds ~8 min on 2 cores to the control plane's build, ~95 s with a warm Go build cache)"
+  log "go build kubelet (~40-95 s with a warm Go build cache; cold: minutes more on top of the control plane's build)"
   k8s_build kubelet kubelet
   timing="$timing kubelet=$(( $(date +%s) - t0 ))s"
 fi
