@@ -52,8 +52,6 @@ from batchfill.testbed.process import (
     wait_until,
 )
 
-_NO_STATE = ClusterState(server="", kubeconfig="", bin_dir="", ports={})
-
 
 def _wait(
     what: str, check: Callable[[], bool], timeout_s: float, run_dir: Path, state: ClusterState, watch: Sequence[str]
@@ -86,10 +84,11 @@ def cluster_status(run_dir: Path) -> ClusterInfo | None:
     return state.info(run_dir, reused=True)
 
 
-def _real_nodes_running(state: ClusterState, count: int) -> bool:
+def _real_nodes_running(state: ClusterState | None, count: int) -> bool:
+    """``state`` records exactly ``count`` real nodes and all their processes run (0: none recorded)."""
     from batchfill.testbed.node.record import RealNodes  # lazy: batchfill.testbed.node imports this package
 
-    return RealNodes.from_record(state.real_nodes).running(count)
+    return state is not None and RealNodes.from_record(state.real_nodes).running(count)
 
 
 def _stop_all(state: ClusterState) -> tuple[list[str], list[str]]:
@@ -140,7 +139,7 @@ def cluster_up(
 
     check_run_dir(run)
     existing = cluster_status(run)
-    if existing is not None and not _real_nodes_running(ClusterState.load(run) or _NO_STATE, real_nodes):
+    if existing is not None and not _real_nodes_running(ClusterState.load(run), real_nodes):
         existing = None  # another number of real nodes: start afresh
     if existing is not None:
         state = _reuse(existing, desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes, pod_block=existing.pod_block),
