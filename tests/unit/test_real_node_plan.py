@@ -90,6 +90,7 @@ def test_containerd_config_keeps_everything_under_the_node_dir() -> None:
     paths = containerd.ContainerdPaths(Path("/r/real-node-0/containerd"))
     doc = tomllib.loads(containerd.config_toml(paths, "batchfill.local/busybox:abc", Path("/r/real-node-0/cni")))
     assert doc["version"] == 2
+    assert "io.containerd.snapshotter.v1.aufs" in doc["disabled_plugins"]  # it would modprobe aufs
     assert (doc["root"], doc["state"]) == ("/r/real-node-0/containerd/root", "/r/real-node-0/containerd/state")
     assert doc["grpc"]["address"] == "/r/real-node-0/containerd/containerd.sock"
     assert doc["plugins"]["io.containerd.internal.v1.opt"]["path"] == "/r/real-node-0/containerd/opt"

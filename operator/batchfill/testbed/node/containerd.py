@@ -9,7 +9,8 @@ nothing with another containerd on the machine. Settings that matter on these ma
 * ``sandbox_image``: a local image (:mod:`.images`); nothing is pulled from a registry;
 * ``netns_mounts_under_state_dir = true``: the pods' network namespaces are bind-mounted under the node's state
   directory instead of the machine-wide ``/run/netns``;
-* ``SystemdCgroup = false`` (no systemd here; the kubelet's ``cgroupDriver: cgroupfs``), snapshotter overlayfs.
+* ``SystemdCgroup = false`` (no systemd here; the kubelet's ``cgroupDriver: cgroupfs``), snapshotter overlayfs;
+  the other snapshotters disabled (aufs would ``modprobe aufs``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ CONTAINERD = "containerd"
 CTR = "ctr"
 #: The containerd namespace the CRI plugin (so the kubelet) uses.
 K8S_NAMESPACE = "k8s.io"
+#: Snapshotters a node never uses (overlayfs is the one).
+DISABLED_PLUGINS = tuple(f"io.containerd.snapshotter.v1.{s}" for s in ("aufs", "btrfs", "zfs", "devmapper"))
 
 
 class ContainerdError(RuntimeError):
@@ -70,6 +73,8 @@ def config_toml(paths: ContainerdPaths, sandbox_image: str, cni_conf_dir: Path) 
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return "\n".join([
         "version = 2",
+        # aufs would try `modprobe aufs` (a machine-wide change); btrfs, zfs and devmapper are never used here.
+        "disabled_plugins = [" + ", ".join(f'"{p}"' for p in DISABLED_PLUGINS) + "]",
         f"root = {_q(paths.root)}",
         f"state = {_q(paths.state)}",
         "",
