@@ -2,7 +2,8 @@
 ``cluster_up(real_nodes=1)`` -> the node is Ready -> a busybox pod runs on it with an IP in the node's pod
 CIDR, ``kubectl logs`` works, its HTTP server answers from the root namespace -> ``cluster_down`` -> nothing the
 node made is left (:func:`batchfill.testbed.node.leftovers`, and an independent look at /proc/mounts, the
-network namespaces, the links, the cgroup directories and the kernel sysctls a kubelet would change).
+network namespaces, the links, the cgroup directories and the kernel sysctls a kubelet would change). The second
+test runs ``up`` and ``down`` as separate commands with a crash of the node's kubelet and containerd between.
 
 This test starts a cluster of its own (the session's ``kube`` cluster has no real nodes). It needs root
 (network namespaces, mounts, cgroups) and the Debian packages of the Makefile's DEB_PACKAGES.
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +28,7 @@ from kubernetes import client
 from batchfill.testbed import devcluster
 from batchfill.testbed.devcluster.state import ClusterState
 from batchfill.testbed.node import REAL_NODE_LABEL, RealNodes, leftovers
+from batchfill.testbed.node.cleanup import pids_in_netns
 from batchfill.testbed.node.images import busybox_image
 
 from .support import skip_or_fail, wait_for
@@ -62,13 +66,17 @@ def machine_before() -> dict[str, Any]:
     return {"sysctls": _sysctls(), "cgroups": _cgroup_dirs(), "netns": _netns(), "links": _links()}
 
 
-@pytest.fixture
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[devcluster.ClusterInfo, Path]]:
+def _require_root_and_tools() -> None:
     if os.geteuid() != 0:
         skip_or_fail("real nodes need root (network namespaces, mounts, cgroups)")
     missing = [t for t in ("containerd", "runc", "ctr", "umoci", "skopeo", "ip") if shutil.which(t) is None]
     if missing:
         skip_or_fail(f"real nodes need {missing} (the Makefile's DEB_PACKAGES)")
+
+
+@pytest.fixture
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[devcluster.ClusterInfo, Path]]:
+    _require_root_and_tools()
     run_dir = tmp_path_factory.mktemp("realnode")
     try:
         info = devcluster.cluster_up(run_dir, 0, 0, real_nodes=1, die_with_parent=True, quiet=True)
@@ -155,11 +163,54 @@ def test_real_node_runs_a_pod_and_leaves_nothing(
     assert body.strip() == "hello-from-real-node"
 
     devcluster.cluster_down(run_dir, quiet=True)
+    _assert_nothing_left(real, run_dir, machine_before)
+
+
+def _assert_nothing_left(real: RealNodes, run_dir: Path, before: dict[str, Any]) -> None:
+    """``leftovers`` finds nothing, and neither does an independent look at the machine."""
     assert not run_dir.exists()
     assert leftovers(real) == []
     assert _mounts_under(run_dir) == []
-    assert _sysctls() == machine_before["sysctls"]
-    octet = node.plan.octet
-    assert _ours(_cgroup_dirs() - machine_before["cgroups"], octet) == set()
-    assert _ours(_netns() - machine_before["netns"], octet) == set()
-    assert _ours(_links() - machine_before["links"], octet) == set()
+    assert _sysctls() == before["sysctls"]
+    octet = real.nodes[0].plan.octet
+    assert _ours(_cgroup_dirs() - before["cgroups"], octet) == set()
+    assert _ours(_netns() - before["netns"], octet) == set()
+    assert _ours(_links() - before["links"], octet) == set()
+
+
+def _cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "batchfill.cli", "dev-cluster", *args], check=True, timeout=300,
+                   capture_output=True)  # fmt: skip
+
+
+def test_down_in_another_process_after_the_kubelet_and_containerd_crashed(
+    tmp_path_factory: pytest.TempPathFactory, machine_before: dict[str, Any]
+) -> None:
+    """``up`` and ``down`` are separate commands; the node's kubelet and containerd are SIGKILLed in between, so
+    their container shims and containers are left running for ``down`` to find by namespace and cgroup."""
+    _require_root_and_tools()
+    run_dir = tmp_path_factory.mktemp("realnode-crash")
+    _cli("up", "--run-dir", str(run_dir), "--gpu-nodes", "0", "--real-nodes", "1")
+    try:
+        info = devcluster.cluster_up(run_dir, 0, 0, real_nodes=1, quiet=True)
+        assert info.reused  # the same set of real nodes: reused, not restarted
+        state = ClusterState.load(run_dir)
+        assert state is not None
+        real = RealNodes.from_record(state.real_nodes)
+        node = real.nodes[0]
+        with devcluster.api_client(info.kubeconfig) as api:
+            core: Any = client.CoreV1Api(api)
+            core.create_namespaced_pod("default", _web_pod(busybox_image()[0]))
+            wait_for("pod web Running", lambda: core.read_namespaced_pod("web", "default").status.phase == "Running",
+                     timeout_s=120)  # fmt: skip
+        for name in ("kubelet", "containerd"):
+            os.kill(node.processes[name].pid, signal.SIGKILL)
+        wait_for(
+            "kubelet and containerd gone", lambda: not any(node.processes[n].alive() for n in ("kubelet", "containerd"))
+        )
+        assert pids_in_netns(node.netns_inode), "the container shims should outlive containerd"
+        _cli("down", "--run-dir", str(run_dir))
+    finally:
+        if run_dir.exists():
+            devcluster.cluster_down(run_dir, quiet=True)
+    _assert_nothing_left(real, run_dir, machine_before)
