@@ -27,7 +27,7 @@ from kubernetes import client
 
 from batchfill.testbed import devcluster
 from batchfill.testbed.devcluster.state import ClusterState
-from batchfill.testbed.node import REAL_NODE_LABEL, RealNodes, leftovers
+from batchfill.testbed.node import REAL_NODE_LABEL, RealNodes, leftovers, real_nodes
 from batchfill.testbed.node.cleanup import pids_in_netns
 from batchfill.testbed.node.images import busybox_image
 
@@ -132,6 +132,7 @@ def test_real_node_runs_a_pod_and_leaves_nothing(
     assert state is not None
     real = RealNodes.from_record(state.real_nodes)
     assert [n.name for n in real.nodes] == ["real-node-0"]
+    assert [n.record() for n in real_nodes(run_dir)] == [n.record() for n in real.nodes]
     node = real.nodes[0]
     assert node.kubelet_root == run_dir / "real-node-0" / "kubelet"
     assert node.device_plugin_dir.is_dir()

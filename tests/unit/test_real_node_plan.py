@@ -12,7 +12,7 @@ import pytest
 
 from batchfill.testbed.devcluster.state import ClusterState
 from batchfill.testbed.node import cgroups, cni, containerd, kubelet, mountns
-from batchfill.testbed.node.cleanup import mounts_under, sysctl_changes
+from batchfill.testbed.node.cleanup import leftovers, mounts_under, sysctl_changes
 from batchfill.testbed.node.lifecycle import RealNodeError, check_plans
 from batchfill.testbed.node.plan import MAX_REAL_NODES, AddressPlanError, overlaps, plan_node, plan_nodes
 from batchfill.testbed.node.record import RealNode, RealNodes
@@ -188,3 +188,12 @@ def test_real_nodes_record_round_trips_through_the_cluster_state(tmp_path: Path)
     assert n.processes["kubelet"].record() == {"pid": 123, "start_ticks": 456, "exe": "/b/kubelet"}
     assert not back.running(1)  # PID 123 is not that kubelet
     assert RealNodes.from_record({}).nodes == []
+
+
+def test_leftovers_of_a_node_that_made_nothing_is_only_a_changed_sysctl(tmp_path: Path) -> None:
+    panic = Path("/proc/sys/kernel/panic").read_text().strip()
+    # Octet 2's node 63 (10.2.0.252/30, netns bf-2-63) is made by no test; its directory does not exist.
+    node = RealNode(plan_node(2, 63), tmp_path / "never-made")
+    other = str(int(panic) + 1)
+    assert leftovers(RealNodes([node], {"kernel.panic": panic})) == []
+    assert leftovers(RealNodes([node], {"kernel.panic": other})) == [f"sysctl kernel.panic {other} -> {panic}"]

@@ -133,10 +133,10 @@ def images(socket: Path) -> list[str]:
     return ctr(socket, "images", "list", "-q").split()
 
 
-def import_image(socket: Path, tar_path: Path) -> str:
+def import_image(socket: Path, tar_path: Path, timeout_s: float = 900.0) -> str:
     """Import a ``docker-archive`` or OCI archive into the node's ``k8s.io`` namespace (``ctr images import``),
     where the kubelet finds it (pods use ``imagePullPolicy: IfNotPresent`` or ``Never``); ctr's output."""
-    return ctr(socket, "images", "import", str(tar_path))
+    return ctr(socket, "images", "import", str(tar_path), timeout_s=timeout_s)
 
 
 def alive(socket: Path) -> bool:

@@ -8,6 +8,7 @@ after a crash half-way finds everything that was made.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from batchfill.testbed.devcluster.binaries import DevClusterError
 from batchfill.testbed.devcluster.kubeconfig import api_client, write_kubeconfig
 from batchfill.testbed.devcluster.nodes import nodes_ready
 from batchfill.testbed.devcluster.pki import b64, sign_client
+from batchfill.testbed.devcluster.state import ClusterState
 from batchfill.testbed.node import apiproxy, cgroups, cni, containerd, images, kubelet, mountns
 from batchfill.testbed.node.netns import create_node_network, machine_networks, netns_inode, netns_names, preexec_enter
 from batchfill.testbed.node.plan import APISERVER_PROXY_PORT, NodePlan, overlaps, plan_nodes
@@ -205,9 +207,16 @@ def start_real_nodes(
     return real
 
 
-def import_image(node: RealNode, tar_path: Path) -> str:
-    """Import an image archive into ``node``'s containerd (``ctr -n k8s.io images import``); ctr's output.
-
-    Raises :class:`~.containerd.ContainerdError`.
+def import_image(node: RealNode, tar_path: Path, timeout_s: float = 900.0) -> str:
+    """Import an image archive (docker-archive or OCI tar) into ``node``'s containerd (``ctr -n k8s.io images
+    import``), where its kubelet finds it; ctr's output. Raises :class:`~.containerd.ContainerdError`, or
+    ``subprocess.TimeoutExpired`` after ``timeout_s`` seconds.
     """
-    return containerd.import_image(node.containerd.socket, tar_path)
+    return containerd.import_image(node.containerd.socket, tar_path, timeout_s=timeout_s)
+
+
+def real_nodes(run_dir: str | os.PathLike[str]) -> list[RealNode]:
+    """The real nodes recorded in the dev cluster state of ``run_dir`` (empty when there is none): their names,
+    plans (IPs, pod CIDRs), kubelet root and device-plugin directories, containerd sockets and processes."""
+    state = ClusterState.load(Path(run_dir).resolve())
+    return [] if state is None else RealNodes.from_record(state.real_nodes).nodes
