@@ -130,10 +130,12 @@ def create_node_network(plan: NodePlan) -> None:
 def delete_node_network(plan: NodePlan) -> None:
     """Remove the root route, the veth pair and the node's namespace, whichever still exist (idempotent).
 
-    Deleting the namespace destroys every interface in it (its CNI bridge, the node end of the veth and with it
-    the host end) once no process and no mount holds it any more.
+    Deleting the namespace destroys every interface in it (the node end of the veth, with it the host end, and
+    the pods' veth ends) once no process and no mount holds it any more; the CNI bridge is deleted first.
     """
     ip("route", "del", plan.pod_cidr, "via", plan.node_ip, check=False)
     ip("link", "del", plan.veth_host, check=False)
     if netns_path(plan.netns).exists():
+        # Explicitly too: a process still in the namespace would keep it, and its bridge, alive unnamed.
+        ip("-n", plan.netns, "link", "del", plan.bridge, check=False)
         ip("netns", "del", plan.netns, check=False)
