@@ -34,6 +34,8 @@ from batchfill.testbed.node.images import busybox_image
 from .support import skip_or_fail, wait_for
 
 pytestmark = pytest.mark.cluster
+#: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.
+NEEDS_KUBELET = True
 
 SYSCTLS = ("kernel.panic", "kernel.panic_on_oops", "vm.overcommit_memory", "net.ipv4.ip_forward")
 HTTP_PORT = 8080

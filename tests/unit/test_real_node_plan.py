@@ -1,14 +1,16 @@
 """The pure parts of the dev cluster's real nodes (batchfill.testbed.node): the address plan and its overlap check,
-the rendered CNI, containerd and kubelet configurations, mountinfo parsing, the leftovers' sysctl comparison and
-the state record's round trip."""
+the rendered CNI, containerd and kubelet configurations, mountinfo parsing, the leftovers' sysctl comparison,
+the state record's round trip, and building the kubelet only when real nodes ask for it."""
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import tomllib
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from batchfill.testbed.devcluster.state import ClusterState
 from batchfill.testbed.node import cgroups, cni, containerd, kubelet, mountns
@@ -197,3 +199,40 @@ def test_leftovers_of_a_node_that_made_nothing_is_only_a_changed_sysctl(tmp_path
     other = str(int(panic) + 1)
     assert leftovers(RealNodes([node], {"kernel.panic": panic})) == []
     assert leftovers(RealNodes([node], {"kernel.panic": other})) == [f"sysctl kernel.panic {other} -> {panic}"]
+
+
+def test_ensure_binaries_builds_the_kubelet_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchfill.testbed import devcluster
+    from batchfill.testbed.devcluster.binaries import VERSION_OF
+
+    monkeypatch.setenv("BATCHFILL_K8S_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("BATCHFILL_BUILD_KUBELET", raising=False)
+    bins = devcluster.bin_dir()
+    bins.mkdir(parents=True)
+    for name in devcluster.BINARIES:
+        (bins / name).write_text("#!/bin/sh\n")
+        (bins / f".{name}.version").write_text(VERSION_OF[name] + "\n")
+    stage = devcluster.kwok_stages_dir() / "node" / "fast" / "node-initialize.yaml"
+    stage.parent.mkdir(parents=True)
+    stage.write_text("kind: Stage\n")
+    # A stand-in for scripts/build-k8s.sh: builds the kubelet when BATCHFILL_BUILD_KUBELET=1, as the real one does.
+    script = tmp_path / "build.sh"
+    script.write_text(
+        'echo "$BATCHFILL_BUILD_KUBELET" >> "$BATCHFILL_K8S_CACHE/asked"\n'
+        'if [ "$BATCHFILL_BUILD_KUBELET" = 1 ]; then\n'
+        f'  d="$BATCHFILL_K8S_CACHE/{devcluster.K8S_VERSION}/bin"; echo x > "$d/kubelet"; '
+        f'echo {devcluster.K8S_VERSION} > "$d/.kubelet.version"\n'
+        "fi\n"
+    )
+    monkeypatch.setenv("BATCHFILL_BUILD_K8S_SCRIPT", str(script))
+    assert devcluster.missing_binaries() == []
+    assert devcluster.missing_binaries(kubelet=True) == ["kubelet"]
+    assert devcluster.ensure_binaries(quiet_console()) == bins  # nothing missing: no build
+    assert not (tmp_path / "cache" / "asked").exists()
+    assert devcluster.ensure_binaries(quiet_console(), kubelet=True) == bins
+    assert (tmp_path / "cache" / "asked").read_text() == "1\n"
+    assert devcluster.missing_binaries(kubelet=True) == []
+
+
+def quiet_console() -> Console:
+    return Console(file=io.StringIO(), log_path=False)
