@@ -73,7 +73,7 @@ def busybox_image(busybox: Path = BUSYBOX) -> tuple[str, Path]:
         _run("umoci", "insert", "--image", f"{layout}:img", str(rootfs), "/")
         cmd = [f"--config.cmd={c}" for c in PAUSE_COMMAND]
         _run("umoci", "config", "--image", f"{layout}:img", "--config.workingdir=/", *cmd)
-        part = out.with_name(out.name + ".part")
+        part = out.with_name(f"{out.name}.{os.getpid()}.part")  # two builds at once each write their own
         part.unlink(missing_ok=True)
         _run("skopeo", "--insecure-policy", "copy", f"oci:{layout}:img", f"docker-archive:{part}:{ref}")
         part.replace(out)
