@@ -7,10 +7,12 @@ after a crash half-way finds everything that was made.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,18 @@ from batchfill.testbed.devcluster.nodes import nodes_ready
 from batchfill.testbed.devcluster.pki import b64, sign_client
 from batchfill.testbed.devcluster.state import ClusterState
 from batchfill.testbed.node import apiproxy, cgroups, cni, containerd, images, kubelet, mountns
-from batchfill.testbed.node.netns import create_node_network, machine_networks, netns_inode, netns_names, preexec_enter
-from batchfill.testbed.node.plan import APISERVER_PROXY_PORT, NodePlan, overlaps, plan_nodes
+from batchfill.testbed.node.containerd import ContainerdError
+from batchfill.testbed.node.images import ImageBuildError
+from batchfill.testbed.node.mountns import MountError
+from batchfill.testbed.node.netns import (
+    NetnsError,
+    create_node_network,
+    machine_networks,
+    netns_inode,
+    netns_names,
+    preexec_enter,
+)
+from batchfill.testbed.node.plan import APISERVER_PROXY_PORT, AddressPlanError, NodePlan, overlaps, plan_nodes
 from batchfill.testbed.node.record import RealNode, RealNodes, read_sysctls
 from batchfill.testbed.process import (
     LOOPBACK,
@@ -120,6 +132,7 @@ def start_node(
     paths = node.containerd
     containerd.write_config(paths, image[0], cni_dir)
     _start(node, "apiproxy", apiproxy.command(plan.netns, APISERVER_PROXY_PORT, apiserver_port), die_with_parent)
+    save()
     mountns.share_node_dir(node.dir)
     ctrd_binds = mountns.bind_points({"/var/lib/cni": node.dir / "cni-cache", "/run/containerd/s": node.dir / "shims"})
     ctrd = _start(node, "containerd", containerd.command(paths), die_with_parent,
@@ -157,6 +170,16 @@ def _set_pod_cidr(kubeconfig: Path, plan: NodePlan) -> None:
             core.patch_node(plan.name, {"spec": {"podCIDR": plan.pod_cidr, "podCIDRs": [plan.pod_cidr]}})
 
 
+@contextlib.contextmanager
+def _as_node_error() -> Iterator[None]:
+    """The failures of the tools a node is made with, as :class:`RealNodeError` (what the CLI reports)."""
+    try:
+        yield
+    except (AddressPlanError, NetnsError, MountError, ContainerdError, ImageBuildError, OSError,
+            subprocess.SubprocessError) as e:  # fmt: skip
+        raise RealNodeError(f"{type(e).__name__}: {e}") from e
+
+
 def start_real_nodes(
     count: int,
     *,
@@ -175,6 +198,25 @@ def start_real_nodes(
     Returns what was started (also passed to ``save`` after every step). Raises :class:`RealNodeError` (what was
     started stays recorded for :func:`~.cleanup.teardown_all`).
     """
+    with _as_node_error():
+        return _start_real_nodes(count, run_dir=run_dir, pod_block=pod_block, apiserver_port=apiserver_port,
+                                 bin_dir=bin_dir, admin_kubeconfig=admin_kubeconfig, save=save, con=con,
+                                 timeout_s=timeout_s, die_with_parent=die_with_parent)  # fmt: skip
+
+
+def _start_real_nodes(
+    count: int,
+    *,
+    run_dir: Path,
+    pod_block: str,
+    apiserver_port: int,
+    bin_dir: Path,
+    admin_kubeconfig: Path,
+    save: Callable[[RealNodes], None],
+    con: Console,
+    timeout_s: float,
+    die_with_parent: bool,
+) -> RealNodes:
     plans = plan_nodes(pod_block, count)
     check_plans(plans, machine_networks(), netns_names())
     real = RealNodes(sysctls=read_sysctls())
