@@ -164,6 +164,11 @@ def test_real_node_runs_a_pod_and_leaves_nothing(
     assert "serving" in logs
     body = wait_for("the pod's HTTP server", lambda: _http_get(f"http://{pod.status.pod_ip}:{HTTP_PORT}/index.html"))
     assert body.strip() == "hello-from-real-node"
+    # exec goes API server -> kubelet (node IP) -> containerd's stream server; the projected ServiceAccount
+    # token is a tmpfs the kubelet mounts in its own mount namespace, seen by runc through the shared node dir.
+    token_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    listing = devcluster.kubectl(info, "exec", "web", "--", "/bin/ls", token_dir).stdout.split()
+    assert {"ca.crt", "namespace", "token"} <= set(listing)
 
     devcluster.cluster_down(run_dir, quiet=True)
     _assert_nothing_left(real, run_dir, machine_before)
