@@ -9,7 +9,11 @@ STAMP  := $(VENV)/.batchfill-setup
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages: python3.11 with venv (ensurepip), libpython3.11, which the Triton Python-backend stub
 # shipped in nvidia-pytriton links against, and Prometheus 2.42, the real server the metrics tests scrape with.
-DEB_PACKAGES := python3.11 python3.11-venv libpython3.11 prometheus
+# The dev cluster's real nodes (`dev-cluster up --real-nodes N`, tests/cluster/test_real_node.py): containerd,
+# runc, the CNI plugins, iproute2 and iptables (the kubelet's and the CNI plugins' rules, inside the node's
+# namespace), umoci, skopeo and busybox-static (the pause image), openssl (certificates).
+DEB_PACKAGES := python3.11 python3.11-venv libpython3.11 prometheus \
+	containerd runc containernetworking-plugins iproute2 iptables umoci skopeo busybox-static openssl
 
 .PHONY: setup tools test lint demo serve plan image-check clean-venv
 .DEFAULT_GOAL := test

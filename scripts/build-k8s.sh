@@ -9,9 +9,11 @@
 #   scripts/build-k8s.sh --check       exit 0 when every binary is present and current, 1 otherwise (no build)
 #   scripts/build-k8s.sh --print-dir   print the bin dir (no build)
 #   scripts/build-k8s.sh --force       rebuild everything
+#   BATCHFILL_BUILD_KUBELET=1 ...      also the kubelet (real nodes: `dev-cluster up --real-nodes N`); it is
+#                                      built from the same wrapper module, 40-95 s with a warm Go build cache
 #
 # Output (outside the repository, survives between runs on one machine, never committed):
-#   ${BATCHFILL_K8S_CACHE:-$HOME/.cache/batchfill/k8s}/<k8s version>/bin/{etcd,kube-*,kubectl,kwok}
+#   ${BATCHFILL_K8S_CACHE:-$HOME/.cache/batchfill/k8s}/<k8s version>/bin/{etcd,kube-*,kubectl,kwok[,kubelet]}
 #   .../<k8s version>/kwok-stages/          kwok's Stage YAMLs (node/fast, node/heartbeat-with-lease, pod/fast, ...)
 #   .../<k8s version>/build-info.env        versions, stage dir, per-component build time
 #   .../<k8s version>/build/{k8s,etcd}/     the generated wrapper modules (go.mod/go.sum are generated here)
@@ -35,6 +37,7 @@ OUT=$ROOT/bin
 WORK=$ROOT/build
 STAGES=$ROOT/kwok-stages
 K8S_BINS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
+WITH_KUBELET=${BATCHFILL_BUILD_KUBELET:-0}
 
 mode=build
 case "${1:-}" in
@@ -42,7 +45,7 @@ case "${1:-}" in
   --check) mode=check ;;
   --print-dir) echo "$OUT"; exit 0 ;;
   --force) mode=force ;;
-  -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
 esac
 
@@ -54,17 +57,18 @@ PROGRESS_TAG=build-k8s
 current() {  # name version -> 0 when bin/name exists and was built for version
   [ -x "$OUT/$1" ] && [ "$(cat "$OUT/.$1.version" 2>/dev/null || true)" = "$2" ]
 }
-need_k8s=0; need_etcd=0; need_kwok=0
+need_k8s=0; need_etcd=0; need_kwok=0; need_kubelet=0
 for b in $K8S_BINS; do current "$b" "$K8S_VERSION" || need_k8s=1; done
 current etcd "$ETCD_VERSION" || need_etcd=1
 current kwok "$KWOK_VERSION" || need_kwok=1
 [ -f "$STAGES/node/fast/node-initialize.yaml" ] && [ -f "$STAGES/pod/fast/pod-ready.yaml" ] || need_kwok=1
-if [ "$mode" = force ]; then need_k8s=1; need_etcd=1; need_kwok=1; fi
+[ "$WITH_KUBELET" = 1 ] && ! current kubelet "$K8S_VERSION" && need_kubelet=1
+if [ "$mode" = force ]; then need_k8s=1; need_etcd=1; need_kwok=1; need_kubelet=$WITH_KUBELET; fi
 
 if [ "$mode" = check ]; then
-  [ $((need_k8s + need_etcd + need_kwok)) -eq 0 ] && exit 0 || exit 1
+  [ $((need_k8s + need_etcd + need_kwok + need_kubelet)) -eq 0 ] && exit 0 || exit 1
 fi
-if [ $((need_k8s + need_etcd + need_kwok)) -eq 0 ]; then
+if [ $((need_k8s + need_etcd + need_kwok + need_kubelet)) -eq 0 ]; then
   log "up to date: $OUT"; echo "$OUT"; exit 0
 fi
 
@@ -87,11 +91,12 @@ exec 9>"$ROOT/.build.lock"
 if ! flock -n 9; then log "another build holds $ROOT/.build.lock; waiting"; flock 9; fi
 # Re-check after waiting: the other build may have produced everything.
 if [ "$mode" != force ]; then
-  need_k8s=0; need_etcd=0; need_kwok=0
+  need_k8s=0; need_etcd=0; need_kwok=0; need_kubelet=0
   for b in $K8S_BINS; do current "$b" "$K8S_VERSION" || need_k8s=1; done
   current etcd "$ETCD_VERSION" || need_etcd=1
   current kwok "$KWOK_VERSION" || need_kwok=1
   [ -f "$STAGES/node/fast/node-initialize.yaml" ] && [ -f "$STAGES/pod/fast/pod-ready.yaml" ] || need_kwok=1
+  [ "$WITH_KUBELET" = 1 ] && ! current kubelet "$K8S_VERSION" && need_kubelet=1
 fi
 
 TMP=$(mktemp -d "$ROOT/.tmp-bin.XXXXXX")
@@ -115,8 +120,7 @@ install_bins() {  # version names... : move freshly built binaries into place, t
 timing=""
 
 # --- Kubernetes components (wrapper module local.test/k8sbin) -------------------------------------------------
-if [ $need_k8s = 1 ]; then
-  t0=$(date +%s)
+wrapper_module() {  # (re)generate $WORK/k8s/go.mod for k8s.io/kubernetes@$K8S_VERSION
   log "Kubernetes ${K8S_VERSION}: generating the wrapper module in $WORK/k8s"
   cd "$WORK/k8s"
   rm -f go.mod go.sum
@@ -136,23 +140,45 @@ if [ $need_k8s = 1 ]; then
     sed -n '/^godebug (/,/^)/p' "$kmod" | sed '1d;$d'; } | while read -r kv _; do
     [ -n "$kv" ] && go mod edit "-godebug=${kv}"
   done
-  log "replaced $n staging modules with ${staging}; go get (resolves the module graph through the proxy)"
-  pkgs=""; for b in $K8S_BINS; do pkgs="$pkgs k8s.io/kubernetes/cmd/$b"; done
-  # shellcheck disable=SC2086
-  step "Kubernetes ${K8S_VERSION}: go get" go get $(for p in $pkgs; do printf '%s@%s ' "$p" "$K8S_VERSION"; done) \
-    || fail "go get k8s.io/kubernetes"
+  log "replaced $n staging modules with ${staging}"
+}
+k8s_ldflags() {  # what hack/lib/version.sh stamps
+  local minor vp ld="-s -w"
   minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-  ld="-s -w"
-  for vp in k8s.io/component-base/version k8s.io/client-go/pkg/version; do  # what hack/lib/version.sh stamps
+  for vp in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $vp.gitVersion=$K8S_VERSION -X $vp.gitMajor=1 -X $vp.gitMinor=$minor"
     ld="$ld -X $vp.gitTreeState=clean -X $vp.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   done
+  echo "$ld"
+}
+k8s_build() {  # label binaries... : go get + go build k8s.io/kubernetes/cmd/<binary> in the wrapper module
+  local label=$1 pkgs="" b; shift
+  for b in "$@"; do pkgs="$pkgs k8s.io/kubernetes/cmd/$b"; done
+  cd "$WORK/k8s"
+  # shellcheck disable=SC2086
+  step "Kubernetes ${K8S_VERSION}: go get ($label)" go get $(for p in $pkgs; do printf '%s@%s ' "$p" "$K8S_VERSION"; done) \
+    || fail "go get k8s.io/kubernetes ($label)"
+  # shellcheck disable=SC2086
+  step "Kubernetes ${K8S_VERSION}: go build $*" go build -trimpath -ldflags "$(k8s_ldflags)" -o "$TMP/" $pkgs \
+    || fail "go build $*"
+  install_bins "$K8S_VERSION" "$@"
+}
+if [ $need_k8s = 1 ]; then
+  t0=$(date +%s)
+  wrapper_module
   log "go build $K8S_BINS (cold: ~20 min on 2 cores, ~25 s with a warm Go build cache)"
   # shellcheck disable=SC2086
-  step "Kubernetes ${K8S_VERSION}: go build $K8S_BINS" go build -trimpath -ldflags "$ld" -o "$TMP/" $pkgs \
-    || fail "go build Kubernetes components"
-  install_bins "$K8S_VERSION" $K8S_BINS
+  k8s_build control-plane $K8S_BINS
   timing="$timing k8s=$(( $(date +%s) - t0 ))s"
+fi
+
+# --- kubelet (only with BATCHFILL_BUILD_KUBELET=1; the same wrapper module) ------------------------------------
+if [ $need_kubelet = 1 ]; then
+  t0=$(date +%s)
+  grep -q "^replace k8s.io/api => k8s.io/api v0.${K8S_VERSION#v1.}$" "$WORK/k8s/go.mod" 2>/dev/null || wrapper_module
+  log "go build kubelet (~40-95 s with a warm Go build cache; cold: minutes more on top of the control plane's build)"
+  k8s_build kubelet kubelet
+  timing="$timing kubelet=$(( $(date +%s) - t0 ))s"
 fi
 
 # --- etcd (wrapper module local.test/etcdbin) -------------------------------------------------------------------

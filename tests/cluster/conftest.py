@@ -43,7 +43,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Build the control-plane binaries before any test runs (not inside a test's timeout) when needed."""
     if USE_EXISTING or not any(item.get_closest_marker("cluster") for item in items):
         return
-    missing = devcluster.missing_binaries()
+    # The kubelet only for the real-node tests (their modules set NEEDS_KUBELET).
+    kubelet = any(getattr(getattr(item, "module", None), "NEEDS_KUBELET", False) for item in items)
+    missing = devcluster.missing_binaries(kubelet=kubelet)
     if not missing:
         return
     tr = config.pluginmanager.get_plugin("terminalreporter")
@@ -54,7 +56,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             tr.write_line(f"cluster tests: {line}")
 
     try:
-        path = devcluster.ensure_binaries(Console(stderr=True, quiet=True), log_path=log, progress=progress)
+        path = devcluster.ensure_binaries(
+            Console(stderr=True, quiet=True), log_path=log, progress=progress, kubelet=kubelet
+        )
     except devcluster.BinariesUnavailableError as e:
         config.stash[BUILD_ERROR] = str(e)
         if tr is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import threading
@@ -51,6 +52,19 @@ def test_start_leads_its_own_group_logs_and_reads_no_stdin(tmp_path: Path) -> No
     assert not p.alive()
     assert p.exited()
     assert not Path(f"/proc/{p.pid}").exists()  # reaped
+
+
+def test_preexec_runs_in_the_child_before_exec(tmp_path: Path) -> None:
+    """What ``preexec`` does (here: change directory) is what the program starts with; the parent is untouched."""
+    here = Path.cwd()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    p = Process.start(["/bin/sh", "-c", "pwd"], tmp_path / "p.log", preexec=lambda: os.chdir(target))
+    wait_until(p.exited, 5.0, interval_s=0.02)
+    assert p.returncode == 0
+    assert p.log_tail(1) == str(target)
+    assert Path.cwd() == here
+    assert p.exe == "/bin/sh"
 
 
 def test_stop_kills_what_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:

@@ -35,10 +35,12 @@ def dev_cluster_main(
     gpu_nodes: int = 2,
     gpus_per_node: int = 4,
     cpu_nodes: int = 0,
+    real_nodes: int = 0,
     build: bool = True,
     console: Console | None = None,
 ) -> int:
-    """``up`` (start or reuse), ``down`` (stop, remove run dir), ``status``, ``build`` (binaries only).
+    """``up`` (start or reuse; ``real_nodes``: kubelet + containerd nodes), ``down`` (stop, remove everything,
+    the run dir too), ``status``, ``build`` (binaries only).
 
     Progress goes to stderr; the kubeconfig and the ``export`` line to stdout. Returns the exit code:
     0 ok, 1 failure (message printed), 2 unknown action, 3 ``status`` found no running cluster.
@@ -48,7 +50,9 @@ def dev_cluster_main(
     run = Path(run_dir) if run_dir is not None else devcluster.default_run_dir()
     try:
         if action == "up":
-            info = devcluster.cluster_up(run, gpu_nodes, gpus_per_node, cpu_nodes=cpu_nodes, console=err, build=build)
+            info = devcluster.cluster_up(
+                run, gpu_nodes, gpus_per_node, cpu_nodes=cpu_nodes, console=err, build=build, real_nodes=real_nodes
+            )
             _print_info(info, out)
             err.print(f"stop it with: batchfill dev-cluster down{'' if run_dir is None else f' --run-dir {run}'}")
             return 0

@@ -85,6 +85,7 @@ def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int
         gpu_nodes=args.gpu_nodes,
         gpus_per_node=args.gpus_per_node,
         cpu_nodes=args.cpu_nodes,
+        real_nodes=args.real_nodes,
         build=not args.no_build,
         console=err,
     )
@@ -188,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--gpu-nodes", type=int, default=2, help="fake GPU nodes (default 2)")
     d.add_argument("--gpus-per-node", type=int, default=4, help="nvidia.com/gpu per node (default 4)")
     d.add_argument("--cpu-nodes", type=int, default=0, help="fake nodes without GPUs (default 0)")
+    d.add_argument(
+        "--real-nodes", type=int, default=0,
+        help="real nodes (kubelet + containerd, each in its own network namespace; needs root) (default 0)",
+    )  # fmt: skip
     d.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
     d.set_defaults(func=cmd_dev_cluster)
 

@@ -130,9 +130,22 @@ class Process:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         die_with_parent: bool = False,
+        preexec: Callable[[], None] | None = None,
     ) -> Process:
-        """Start ``argv`` (module docstring), appending its output to ``log_path`` (its directory is created)."""
+        """Start ``argv`` (module docstring), appending its output to ``log_path`` (its directory is created).
+
+        ``preexec``: called in the child just before ``exec`` (e.g. to enter a network namespace), so the
+        recorded ``argv[0]`` is the program itself rather than a wrapper such as ``nsenter``.
+        """
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        pdeath = die_with_parent and sys.platform == "linux"
+
+        def child_setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+            if pdeath:
+                _die_with_parent()
+            if preexec is not None:
+                preexec()
+
         with open(log_path, "ab") as out:  # the child keeps its own descriptor
             popen = subprocess.Popen(
                 list(argv),
@@ -142,7 +155,7 @@ class Process:
                 env=None if env is None else dict(env),
                 cwd=None if cwd is None else str(cwd),
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent and sys.platform == "linux" else None,
+                preexec_fn=child_setup if pdeath or preexec is not None else None,
             )
         fields = proc_stat(popen.pid)
         ticks = int(fields[19]) if fields else 0

@@ -65,13 +65,18 @@ def build_script() -> Path:
     return Path(env) if env else SOURCE_ROOT / "scripts" / "build-k8s.sh"
 
 
-def missing_binaries() -> list[str]:
-    """Binaries that are absent from :func:`bin_dir` or were built for another version."""
+#: Built only for real nodes (``BATCHFILL_BUILD_KUBELET=1 scripts/build-k8s.sh``).
+KUBELET = "kubelet"
+
+
+def missing_binaries(*, kubelet: bool = False) -> list[str]:
+    """Binaries that are absent from :func:`bin_dir` or were built for another version (``kubelet``: the kubelet
+    too)."""
     d = bin_dir()
     missing = []
-    for name in BINARIES:
+    for name in (*BINARIES, KUBELET) if kubelet else BINARIES:
         stamp = d / f".{name}.version"
-        ok = (d / name).is_file() and stamp.is_file() and stamp.read_text().strip() == VERSION_OF[name]
+        ok = (d / name).is_file() and stamp.is_file() and stamp.read_text().strip() == VERSION_OF.get(name, K8S_VERSION)
         if not ok:
             missing.append(name)
     if not (kwok_stages_dir() / "node" / "fast" / "node-initialize.yaml").is_file():
@@ -100,6 +105,7 @@ def ensure_binaries(
     build: bool = True,
     log_path: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    kubelet: bool = False,
 ) -> Path:
     """Return :func:`bin_dir`, running scripts/build-k8s.sh first when something is missing.
 
@@ -107,9 +113,10 @@ def ensure_binaries(
     ``log_path`` (default ``<cache>/<version>/build.log``). Every progress line of the script (which
     component, the elapsed time, the log path; one at least every 30 s) is passed to ``progress`` (default:
     printed unwrapped on ``console``, :func:`progress_printer`), so a build is never silent, on a terminal or
-    not. Raises :class:`BinariesUnavailableError` with the log's last lines and what to do.
+    not. ``kubelet``: the kubelet too (real nodes; about 95 s more with a warm cache, ~8 min cold). Raises
+    :class:`BinariesUnavailableError` with the log's last lines and what to do.
     """
-    missing = missing_binaries()
+    missing = missing_binaries(kubelet=kubelet)
     if not missing:
         return bin_dir()
     if not build:
@@ -125,27 +132,28 @@ def ensure_binaries(
     log = log_path or cache_root() / K8S_VERSION / "build.log"
     t0 = time.monotonic()
     say(f"building {', '.join(missing)} from Go modules (cold: ~25 min on 2 cores, once); log: {log}")
-    returncode = _run_build(script, log, say)
+    returncode = _run_build(script, log, say, kubelet)
     if returncode != 0:
         what = {3: "no usable Go toolchain (Go >= 1.26 needed)"}.get(returncode, "the build failed")
         raise BinariesUnavailableError(
             f"scripts/build-k8s.sh exited with {returncode}: {what}; log {log}\n{tail(log, 25)}\n"
             "Fix the cause above and run the command again: finished components and Go's caches are kept."
         )
-    still = missing_binaries()
+    still = missing_binaries(kubelet=kubelet)
     if still:
         raise BinariesUnavailableError(f"build finished but {', '.join(still)} still missing; log {log}")
     printer(f"built the control plane in {time.monotonic() - t0:.0f} s: {bin_dir()}")
     return bin_dir()
 
 
-def _run_build(script: Path, log: Path, say: Callable[[str], None]) -> int:
+def _run_build(script: Path, log: Path, say: Callable[[str], None], kubelet: bool = False) -> int:
     """Run the build script with its output appended to ``log``; pass on its progress lines; its exit code."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(
         K8S_VERSION=K8S_VERSION, ETCD_VERSION=ETCD_VERSION, KWOK_VERSION=KWOK_VERSION,
         BATCHFILL_K8S_CACHE=str(cache_root()), BATCHFILL_BUILD_LOG=str(log),
+        BATCHFILL_BUILD_KUBELET="1" if kubelet else env.get("BATCHFILL_BUILD_KUBELET", "0"),
     )  # fmt: skip
     with open(log, "ab") as out:
         lines = _LogFollower(log, out.tell())

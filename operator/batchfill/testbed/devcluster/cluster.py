@@ -79,7 +79,27 @@ def cluster_status(run_dir: Path) -> ClusterInfo | None:
         return None
     if not all(p.alive() for p in state.processes.values()) or not _api_ready(run_dir, state.server):
         return None
+    if state.real_nodes and not _real_nodes_running(state, len(state.real_nodes.get("nodes", []))):
+        return None
     return state.info(run_dir, reused=True)
+
+
+def _real_nodes_running(state: ClusterState | None, count: int) -> bool:
+    """``state`` records exactly ``count`` real nodes and all their processes run (0: none recorded)."""
+    from batchfill.testbed.node.record import RealNodes  # lazy: batchfill.testbed.node imports this package
+
+    return state is not None and RealNodes.from_record(state.real_nodes).running(count)
+
+
+def _stop_all(state: ClusterState) -> tuple[list[str], list[str]]:
+    """Remove the real nodes (:func:`batchfill.testbed.node.teardown_all`, while the control plane still runs),
+    then stop the components. Returns (surviving components, real-node problems)."""
+    problems: list[str] = []
+    if state.real_nodes:
+        from batchfill.testbed.node import RealNodes, teardown_all
+
+        problems = teardown_all(RealNodes.from_record(state.real_nodes))
+    return stop_components(state.processes), problems
 
 
 def cluster_up(
@@ -93,6 +113,7 @@ def cluster_up(
     build: bool = True,
     die_with_parent: bool = False,
     timeout_s: float = 240.0,
+    real_nodes: int = 0,
 ) -> ClusterInfo:
     """Start the local cluster in ``run_dir`` (or reuse the one running there) and return where it is.
 
@@ -103,6 +124,8 @@ def cluster_up(
         die_with_parent: the components get SIGTERM when the calling thread exits (test sessions); the CLI's
             ``up`` leaves them running until ``down``.
         timeout_s: how long to wait for the API server (each later wait gets at most this too).
+        real_nodes: real nodes ``real-node-<i>`` (kubelet + containerd, label ``batchfill.dev/node=real``) that run
+            real containers, each in its own network namespace (:mod:`batchfill.testbed.node`); waited Ready.
 
     A cluster recorded in ``run_dir`` that is fully alive and ready is reused (its fake nodes are brought to
     the requested set; its pods' address block stays); anything else there is stopped by PID and the directory
@@ -116,6 +139,8 @@ def cluster_up(
 
     check_run_dir(run)
     existing = cluster_status(run)
+    if existing is not None and not _real_nodes_running(ClusterState.load(run), real_nodes):
+        existing = None  # another number of real nodes: start afresh
     if existing is not None:
         state = _reuse(existing, desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes, pod_block=existing.pod_block),
                        con, timeout_s)  # fmt: skip
@@ -126,9 +151,9 @@ def cluster_up(
         return existing
     old = ClusterState.load(run)
     if old is not None:
-        stop_components(old.processes)
+        _stop_all(old)
 
-    bins = ensure_binaries(con, build=build)
+    bins = ensure_binaries(con, build=build, kubelet=real_nodes > 0)
     prepare_run_dir(run)
     block = claim_pod_block(run)  # drops an earlier claim of this run directory
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
@@ -140,8 +165,12 @@ def cluster_up(
         state.save(run)
         _start(state, run, desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes, pod_block=block), con, timeout_s,
                die_with_parent)  # fmt: skip
+        if real_nodes:
+            _start_real_nodes(state, run, real_nodes, con, timeout_s, die_with_parent)
     except BaseException:
-        survivors = stop_components(state.processes)
+        survivors, problems = _stop_all(state)
+        for line in problems:
+            con.log(f"[red]real nodes: {line}")
         if survivors:
             con.log(f"[red]could not stop {', '.join(survivors)}; PIDs in {run / STATE_FILE}")
         else:
@@ -150,6 +179,20 @@ def cluster_up(
     info = state.info(run, startup_s=time.monotonic() - t0)
     con.log(f"dev cluster up in {info.startup_s:.1f} s at {server}; pod IPs in {block}")
     return info
+
+
+def _start_real_nodes(
+    state: ClusterState, run: Path, count: int, con: Console, timeout_s: float, die_with_parent: bool
+) -> None:
+    from batchfill.testbed.node import RealNodes, start_real_nodes
+
+    def save(real: RealNodes) -> None:
+        state.real_nodes = real.record()
+        state.save(run)
+
+    start_real_nodes(count, run_dir=run, pod_block=state.pod_block, apiserver_port=state.ports["apiserver"],
+                     bin_dir=Path(state.bin_dir), admin_kubeconfig=Path(state.kubeconfig), save=save, con=con,
+                     timeout_s=timeout_s, die_with_parent=die_with_parent)  # fmt: skip
 
 
 def _reuse(existing: ClusterInfo, nodes: list[dict[str, Any]], con: Console, timeout_s: float) -> ClusterState:
@@ -213,10 +256,12 @@ def _start(
 
 
 def cluster_down(run_dir: str | os.PathLike[str], *, console: Console | None = None, quiet: bool = False) -> None:
-    """Stop every component recorded in ``run_dir`` by its PID and remove the directory.
+    """Remove the real nodes (everything they made), stop every component recorded in ``run_dir`` by its PID
+    and remove the directory.
 
-    Raises :class:`DevClusterError` when a component survives SIGKILL (the directory is then kept), or when
-    ``run_dir`` exists but was not made by :func:`cluster_up`.
+    Raises :class:`DevClusterError` when a component survives SIGKILL or a real node left something behind
+    (:func:`batchfill.testbed.node.leftovers`; the directory is then kept), or when ``run_dir`` exists but was
+    not made by :func:`cluster_up`.
     """
     run = Path(run_dir).resolve()
     con = default_console(console, quiet)
@@ -227,9 +272,17 @@ def cluster_down(run_dir: str | os.PathLike[str], *, console: Console | None = N
     state = ClusterState.load(run)
     if state is not None:
         with con.status("stopping the dev cluster"):
-            survivors = stop_components(state.processes)
+            survivors, problems = _stop_all(state)
         if survivors:
             raise DevClusterError(f"{', '.join(survivors)} did not stop; PIDs in {run / STATE_FILE}")
+        if state.real_nodes:
+            from batchfill.testbed.node import RealNodes, leftovers
+
+            for line in problems:
+                con.log(f"real nodes: {line}")
+            left = leftovers(RealNodes.from_record(state.real_nodes))
+            if left:
+                raise DevClusterError(f"the real nodes left {'; '.join(left)} (run dir {run} kept)")
         if state.pod_block:
             release_pod_block(run, state.pod_block)
     shutil.rmtree(run)

@@ -76,7 +76,13 @@ def _apiserver(bins: Path, run_dir: Path, ports: Mapping[str, int]) -> list[str]
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
         f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
-        "--authorization-mode=RBAC",
+        # Node: a kubelet (real nodes) may only read and write what its own pods need (NodeRestriction too).
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        # Real nodes: reach the kubelet at its node IP (no DNS name resolves) with a client certificate.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
         "--allow-privileged=true",
         # 127.0.0.1 is not a valid endpoint of the `kubernetes` Service; nothing in the cluster dials it.
         "--endpoint-reconciler-type=none",

@@ -3,7 +3,9 @@
 ``make_pki`` writes into one directory: ``ca.{key,crt}`` (the cluster CA: serving and client certificates),
 ``front-proxy-ca.{key,crt}`` and ``front-proxy-client.{key,crt}`` (request-header authentication of aggregated
 API servers, a CA of its own as kubeadm makes it), ``apiserver.{key,crt}`` (serving), ``admin.{key,crt}``
-(client, ``O=system:masters``) and ``sa.{key,pub}`` (the ServiceAccount token signing pair). All ECDSA P-256.
+(client, ``O=system:masters``), ``apiserver-kubelet-client.{key,crt}`` (the API server's client certificate for
+kubelets' logs/exec, ``O=system:masters`` as kubeadm made it) and ``sa.{key,pub}`` (the ServiceAccount token
+signing pair). All ECDSA P-256. :func:`sign_client` adds a client certificate (a real node's kubelet).
 """
 
 from __future__ import annotations
@@ -54,10 +56,19 @@ def make_pki(pki: Path, days: int = 365) -> None:
           days)  # fmt: skip
     _sign(pki, "front-proxy-client", "/CN=front-proxy-client", "extendedKeyUsage = clientAuth\n" + _LEAF_KEY_USAGE,
           days, ca="front-proxy-ca")  # fmt: skip
+    sign_client(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", days)
     _openssl(pki, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key")
     _openssl(pki, "ec", "-in", "sa.key", "-pubout", "-out", "sa.pub")
     for key in pki.glob("*.key"):
         key.chmod(0o600)
+
+
+def sign_client(pki: Path, name: str, subject: str, days: int = 365) -> tuple[Path, Path]:
+    """A client certificate ``<name>.{crt,key}`` signed by the cluster CA of ``pki``, for ``subject``
+    (``/O=<group>/CN=<user>``). Returns (certificate, key). Raises :class:`DevClusterError` when openssl fails."""
+    _sign(pki, name, subject, "extendedKeyUsage = clientAuth\n" + _LEAF_KEY_USAGE, days)
+    (pki / f"{name}.key").chmod(0o600)
+    return pki / f"{name}.crt", pki / f"{name}.key"
 
 
 def _sign(pki: Path, name: str, subject: str, ext: str, days: int, ca: str = "ca") -> None:

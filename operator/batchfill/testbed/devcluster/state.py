@@ -4,9 +4,10 @@ Run directory layout (``down`` removes it; ``up`` refuses a non-empty directory 
 
     .batchfill-dev-cluster   marker
     cluster.json             ports, pod address block, PIDs (with their /proc start times, so a reused PID is
-                             never killed)
+                             never killed), the real nodes (batchfill.testbed.node.record)
     admin.kubeconfig         system:masters client certificate, embedded
     pki/ etcd-data/ logs/<component>.log
+    real-node-<i>/           a real node's kubelet, containerd and CNI state (only with real nodes)
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class ClusterInfo:
 class ClusterState:
     """``cluster.json``: where the cluster listens, its pods' address block and which processes are its components.
 
-    ``pod_block`` is empty in the state of a cluster started before clusters chose their blocks.
+    ``pod_block`` is empty in the state of a cluster started before clusters chose their blocks. ``real_nodes``
+    is :class:`batchfill.testbed.node.record.RealNodes`' record (empty without real nodes).
     """
 
     server: str
@@ -82,13 +84,14 @@ class ClusterState:
     gpus_per_node: int = 0
     cpu_nodes: int = 0
     pod_block: str = ""
+    real_nodes: dict[str, Any] = field(default_factory=dict)
 
     def save(self, run_dir: Path) -> None:
         doc = {
             "server": self.server, "kubeconfig": self.kubeconfig, "bin_dir": self.bin_dir, "ports": self.ports,
             "processes": {name: p.record() for name, p in self.processes.items()},
             "gpu_nodes": self.gpu_nodes, "gpus_per_node": self.gpus_per_node, "cpu_nodes": self.cpu_nodes,
-            "pod_block": self.pod_block,
+            "pod_block": self.pod_block, "real_nodes": self.real_nodes,
         }  # fmt: skip
         tmp = run_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n")
