@@ -9,7 +9,9 @@ STAMP  := $(VENV)/.batchfill-setup
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian packages: python3.11 with venv (ensurepip), libpython3.11, which the Triton Python-backend stub
 # shipped in nvidia-pytriton links against, and Prometheus 2.42, the real server the metrics tests scrape with.
-DEB_PACKAGES := python3.11 python3.11-venv libpython3.11 prometheus
+# debootstrap, umoci, skopeo and busybox-static build the local Triton and pause images
+# (scripts/build-triton-image.sh); iproute2 brings up the loopback of the namespace its test runs the image in.
+DEB_PACKAGES := python3.11 python3.11-venv libpython3.11 prometheus debootstrap umoci skopeo busybox-static iproute2
 
 .PHONY: setup tools test lint demo serve plan image-check clean-venv
 .DEFAULT_GOAL := test
