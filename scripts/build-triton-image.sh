@@ -276,5 +276,6 @@ rm -rf "$ROOTFS/root/.cache"  # onnxruntime's telemetry folder, from the import 
 log "rootfs: $(du -sm "$ROOTFS" | cut -f1) MB; numpy, onnxruntime: $smoke"
 find "$ROOTFS" -xdev -name __pycache__ -type d -prune -exec rm -rf {} +
 
+# HOME: a runtime may leave it at / for a user it does not look up; onnxruntime writes a cache folder there.
 oci_finish --config.user=1000:1000 --config.entrypoint=/usr/bin/tini --config.entrypoint=-- \
-  --config.workingdir=/opt/tritonserver
+  --config.workingdir=/opt/tritonserver --config.env=HOME=/home/triton-server

@@ -114,14 +114,23 @@ def image(archive: ImageArchive, tmp_path_factory: pytest.TempPathFactory) -> Im
 
 
 def test_the_archive_carries_the_reference_and_the_config_a_pod_needs(archive: ImageArchive, image: Image) -> None:
-    manifest = json.loads(subprocess.run(["tar", "-xOf", str(archive.path), "manifest.json"], capture_output=True,
+    def member(name: str) -> Any:
+        return json.loads(subprocess.run(["tar", "-xOf", str(archive.path), name], capture_output=True,
                                          check=True).stdout)  # fmt: skip
+
+    manifest = member("manifest.json")
     assert manifest[0]["RepoTags"] == [archive.reference]
     assert archive.reference.startswith("batchfill.local/tritonserver:2.51-")
+    config = member(manifest[0]["Config"])["config"]  # what the kubelet's runtime reads
+    assert config["Entrypoint"] == ["/usr/bin/tini", "--"]
+    assert not config.get("Cmd")  # the pod's args are the whole command line after tini
+    assert config["User"] == "1000:1000"  # numeric, so runAsNonRoot can verify it
+    assert config["WorkingDir"] == "/opt/tritonserver"
+    assert "HOME=/home/triton-server" in config["Env"]
     assert image.entrypoint == ["/usr/bin/tini", "--"]
     assert (image.uid, image.gid) == (1000, 1000)
     assert "triton-server:x:1000:1000:" in (image.rootfs / "etc" / "passwd").read_text()
-    assert image.cwd == "/opt/tritonserver"
+    assert (image.rootfs / "home" / "triton-server").stat().st_uid == 1000
     root = image.rootfs
     for tool in ("bin/sh", "bin/cp", "bin/mkdir", "usr/bin/tini", "usr/local/bin/tritonserver", "usr/bin/python3"):
         assert (root / tool).exists(), tool
