@@ -16,7 +16,9 @@
 # Output (outside the repository; never committed):
 #   ${BATCHFILL_IMAGE_CACHE:-$HOME/.cache/batchfill/images}/tritonserver-<hash>.tar, pause-<hash>.tar
 #   .../wheels/   the wheels pip downloaded (a warm rebuild installs from here, --no-index)
-#   .../<name>-<hash>.build.log is the caller's (batchfill.testbed.images); this script logs to stderr
+#   .../<name>-<hash>.build.log   the build's output when batchfill.testbed.images runs it (by hand: stderr)
+# Archives of older inputs stay until removed by hand (rm ~/.cache/batchfill/images/tritonserver-*.tar): two
+# checkouts with different versions of this script then do not rebuild over each other.
 # <hash>: the first 16 hex digits of sha256 over this script's text and every value below that the environment
 # may override (suite, Debian packages, wheel pins; for pause, the busybox binary). The Debian mirror is not an
 # input: every mirror serves the same suite.
@@ -56,7 +58,7 @@ for arg in "$@"; do
     --print-path) mode=print-path ;;
     --print-ref) mode=print-ref ;;
     --force) mode=force ;;
-    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -119,17 +121,24 @@ exec 9>"$CACHE/.build.lock"
 if ! flock -n 9; then log "another build holds $CACHE/.build.lock; waiting"; flock 9; fi
 if [ "$mode" = build ] && [ -s "$ARCHIVE" ]; then log "built meanwhile: $ARCHIVE"; echo "$ARCHIVE"; exit 0; fi
 
-TMP=$(mktemp -d "$CACHE/.tmp-$NAME.XXXXXX")
-BUNDLE=$TMP/bundle
-ROOTFS=$BUNDLE/rootfs
-unmount_rootfs() {  # every mount under the rootfs, deepest first (debootstrap's own, or ours, after a failure)
+unmount_under() {  # dir: every mount below it, deepest first (debootstrap's own, or ours, after a failure)
   local m
-  [ -d "$ROOTFS" ] || return 0
-  for m in $(awk -v r="$ROOTFS" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r); do
+  for m in $(awk -v r="$1/" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r); do
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
   done
 }
-cleanup() { stop_heartbeat; unmount_rootfs; rm -rf "$TMP"; }
+# Under the lock every temporary folder is a dead build's (SIGKILL runs no trap). --one-file-system: a mount
+# that would not go away (a bind of /dev) is never descended into.
+for stale in "$CACHE"/.tmp-*; do
+  [ -d "$stale" ] || continue
+  log "removing $stale, left by a build that was killed"
+  unmount_under "$stale"; rm -rf --one-file-system "$stale"
+done
+TMP=$(mktemp -d "$CACHE/.tmp-$NAME.XXXXXX")
+BUNDLE=$TMP/bundle
+ROOTFS=$BUNDLE/rootfs
+unmount_rootfs() { unmount_under "$ROOTFS"; }
+cleanup() { stop_heartbeat; unmount_under "$TMP"; rm -rf --one-file-system "$TMP"; }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -273,6 +282,8 @@ smoke=$(chroot "$ROOTFS" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin /bin/
   || fail "smoke test in the rootfs: $smoke"
 unmount_rootfs
 rm -rf "$ROOTFS/root/.cache"  # onnxruntime's telemetry folder, from the import above
+# debootstrap's device nodes: a runtime mounts the container's own /dev
+find "$ROOTFS/dev" -xdev -mindepth 1 -delete
 log "rootfs: $(du -sm "$ROOTFS" | cut -f1) MB; numpy, onnxruntime: $smoke"
 find "$ROOTFS" -xdev -name __pycache__ -type d -prune -exec rm -rf {} +
 
