@@ -127,9 +127,9 @@ unmount_under() {  # dir: every mount below it, deepest first (debootstrap's own
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
   done
 }
-# Under the lock every temporary folder is a dead build's (SIGKILL runs no trap). --one-file-system: a mount
+# Under the lock every temporary folder of ours is a dead build's (SIGKILL runs no trap). --one-file-system: a mount
 # that would not go away (a bind of /dev) is never descended into.
-for stale in "$CACHE"/.tmp-*; do
+for stale in "$CACHE"/.tmp-tritonserver.* "$CACHE"/.tmp-pause.*; do
   [ -d "$stale" ] || continue
   log "removing $stale, left by a build that was killed"
   unmount_under "$stale"; rm -rf --one-file-system "$stale"
@@ -153,17 +153,18 @@ debian_mirror() {
   local f u
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
     [ -f "$f" ] || continue
-    u=$(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/) { if ($(i+1) ~ /^(bookworm|stable)$/) { print $i; exit } } }' "$f")
+    # one-line form: deb [options] URI SUITE COMPONENTS...
+    u=$(awk -v suite="$SUITE" '$1 == "deb" { for (i = 2; i < NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/ && $(i+1) == suite) { print $i; exit } }' "$f")
     [ -n "$u" ] && { echo "$u"; return; }
   done
   for f in /etc/apt/sources.list.d/*.sources; do
     [ -f "$f" ] || continue
     # deb822 stanzas: the URIs of the first stanza whose Suites include the plain suite (not -security/-updates)
-    u=$(awk 'BEGIN { RS = ""; FS = "\n" }
+    u=$(awk -v suite="$SUITE" 'BEGIN { RS = ""; FS = "\n" }
       { uri = ""; ok = 0
         for (i = 1; i <= NF; i++) {
           if ($i ~ /^URIs:/) { split($i, a, /[[:space:]]+/); uri = a[2] }
-          if ($i ~ /^Suites:/) { n = split($i, s, /[[:space:]]+/); for (j = 2; j <= n; j++) if (s[j] ~ /^(bookworm|stable)$/) ok = 1 }
+          if ($i ~ /^Suites:/) { n = split($i, s, /[[:space:]]+/); for (j = 2; j <= n; j++) if (s[j] == suite) ok = 1 }
         }
         if (ok && uri != "") { print uri; exit } }' "$f")
     [ -n "$u" ] && { echo "$u"; return; }
