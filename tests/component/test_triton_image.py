@@ -34,7 +34,7 @@ from batchfill.testbed.process import Process
 
 pytestmark = [
     pytest.mark.component,
-    pytest.mark.slow,  # a cold build is about 2.5 minutes; warm, the fixture is a cache hit
+    pytest.mark.slow,  # a cold build takes 1 to 3 minutes; warm, the fixture is a cache hit
     pytest.mark.skipif(
         shutil.which("debootstrap") is None, reason="debootstrap is not installed (apt-get install debootstrap)"
     ),

@@ -8,7 +8,8 @@ one of them changes. A node imports the tar (``ctr -n k8s.io images import``) an
 * the Triton image (:func:`ensure_triton_image`): tritonserver 2.51 from the ``nvidia-pytriton`` wheel with its
   Python-backend stub, onnxruntime and the OCR example's weights on Debian bookworm; it runs the pod
   :func:`batchfill.render.kube.build_deployment` renders unchanged (``tritonserver ...`` args, the init
-  container's ``sh -c``, uid 1000) under ``tini``. About 3 minutes cold, a cache hit in well under a second.
+  container's ``sh -c``, uid 1000) under ``tini``. 1 to 3 minutes cold (2 cores, idle or busy), a cache hit in
+  about 0.05 s.
 * the pause image (:func:`ensure_pause_image`): static busybox waiting for SIGTERM, containerd's
   ``sandbox_image``.
 """
