@@ -70,6 +70,24 @@ def adopted_profile(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Measu
     return out
 
 
+#: The Triton image of a cluster without GPUs (``BATCHFILL_TRITON_CPU_IMAGE``, batchfill.controller.settings), set
+#: once at operator startup by :func:`render_on_cpu`; "" renders for production. One operator process serves one
+#: kind of cluster, and every flow (reconcile, scaling, profiling) must render the same children, or each would
+#: see the other's Deployment as drift: hence one process-wide value rather than a parameter of each flow.
+_cpu_image = ""
+
+
+def render_on_cpu(image: str) -> None:
+    """Render every model for a cluster whose nodes have no GPU Triton can use (dev and test clusters).
+
+    With ``image`` set, the Triton pods run ``image`` instead of ``spec.triton.image``, and config.pbtxt's instance
+    groups are ``KIND_CPU`` (``count = instanceCount x gpusPerReplica``, :func:`batchfill.render.build_model_config`).
+    Everything else, the ``nvidia.com/gpu`` requests included, stays as production renders it. ``""``: production.
+    """
+    global _cpu_image
+    _cpu_image = image
+
+
 #: Plans kept (one per distinct spec and measured profile). Both loops ask for every model's plan each pass, and
 #: a plan costs ~0.35 s of simulation: the cache must hold the whole fleet, or a pass replans every model
 #: (benchmarks/scale.py: 600 distinct specs, 0 hits in 1,200 lookups with 512).
@@ -78,12 +96,13 @@ PLAN_CACHE_SIZE = 4096
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
 def plan_cache(
-    spec_json: str, measured: Measured | None
+    spec_json: str, measured: Measured | None, cpu_image: str = ""
 ) -> tuple[BatchedModelSpec, PlanResult, str, PlannedProfileSource]:
     """The plan cache: (validated spec, plan, config.pbtxt, profile source) of a spec given as sorted JSON.
 
-    ``measured`` points, when given, replace spec.profile. ``plan_cache.cache_info()`` reports its use
-    (benchmarks/scale.py). Raises :class:`SpecError` (not cached: the next call validates again).
+    ``measured`` points, when given, replace spec.profile. ``cpu_image``: see :func:`render_on_cpu` (the returned
+    spec carries it as ``triton.image``). ``plan_cache.cache_info()`` reports its use (benchmarks/scale.py).
+    Raises :class:`SpecError` (not cached: the next call validates again).
     """
     bm = load_model({"apiVersion": API_VERSION, "kind": KIND, "spec": json.loads(spec_json)})
     spec = bm.spec
@@ -96,14 +115,18 @@ def plan_cache(
         result, source = plan_batching(spec), PlannedProfileSource.DECLARED
     else:
         result, source = first_plan(spec), PlannedProfileSource.FIRST_PLAN
-    return spec, result, render_model_config(spec, result.to_status()), source
+    if not cpu_image:
+        return spec, result, render_model_config(spec, result.to_status()), source
+    spec = spec.model_copy(update={"triton": spec.triton.model_copy(update={"image": cpu_image})})
+    return spec, result, render_model_config(spec, result.to_status(), instance_kind="KIND_CPU"), source
 
 
 def desired_state(spec: Mapping[str, Any], measured: Measured | None = None) -> Desired:
-    """Validate, plan (from ``measured`` points when given, else spec.profile, else the first plan) and render.
+    """Validate, plan (from ``measured`` points when given, else spec.profile, else the first plan) and render
+    (for production, or for a cluster without GPUs after :func:`render_on_cpu`).
 
     Raises:
         SpecError: field-named problems of a spec that cannot be served.
     """
-    model, result, config, source = plan_cache(json.dumps(spec, sort_keys=True, default=str), measured)
+    model, result, config, source = plan_cache(json.dumps(spec, sort_keys=True, default=str), measured, _cpu_image)
     return Desired(model, result, result.to_status(), config, config_hash(config), source)

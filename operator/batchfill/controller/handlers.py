@@ -29,6 +29,7 @@ from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.reasons import SpecReason
 from batchfill.api.spec import GROUP, PLURAL, VERSION
+from batchfill.controller.desired import render_on_cpu
 from batchfill.controller.loops import ProfilingLoop, ScalingLoop
 from batchfill.controller.reconcile import SpecRejectedError, emitter, reconcile
 from batchfill.controller.settings import OperatorSettings
@@ -62,6 +63,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         # RBAC of the chart does not allow (kopf would retry them with errors before falling back)
         settings.scanning.disabled = True
     settings.networking.request_timeout = ours.request_timeout_s
+    render_on_cpu(ours.triton_cpu_image)
     memo.kube = Kube.from_config(limiter=RateLimiter(ours.api_qps, ours.api_burst))
     # shared by reference with every per-object memo (kopf copies the operator memo shallowly per object)
     memo.signal_hub = SignalHub(

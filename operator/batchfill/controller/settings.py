@@ -15,6 +15,7 @@
 | BATCHFILL_API_BURST | 30 | requests the client-side limit lets through at once |
 | BATCHFILL_PROFILE_INTERVAL_SECONDS | 60 | how often Triton's statistics of the Ready pods are read (profiling) |
 | BATCHFILL_TRITON_HTTP_PORT | 8000 | Triton's HTTP port in the pods (statistics extension) |
+| BATCHFILL_TRITON_CPU_IMAGE | (empty: production) | no GPUs (dev, test): Triton pods run this image, KIND_CPU |
 | BATCHFILL_LEADER_ELECTION | false (chart: true) | act only while holding a coordination.k8s.io/v1 Lease |
 | BATCHFILL_LEADER_ELECTION_LEASE_NAME | batchfill | the Lease's name |
 | BATCHFILL_LEADER_ELECTION_NAMESPACE | $POD_NAMESPACE | the Lease's namespace (chart: the release's, downward API) |
@@ -26,6 +27,11 @@ Leader election (batchfill.policy.leader, batchfill.adapters.leader): with it on
 holds the Lease before kopf and the scaling/profiling loops start, and exits (status 1) as soon as it cannot
 renew it; a stopping leader releases the Lease. Takeover after a leader dies comes within the lease duration
 plus one retry period of its last renewal (17 s with the defaults), after a graceful stop within one retry period.
+
+A cluster without GPUs (dev and test clusters, ``batchfill.testbed.images`` builds a local Triton image for them):
+``BATCHFILL_TRITON_CPU_IMAGE`` makes every Triton pod run that image instead of ``spec.triton.image`` and renders
+config.pbtxt's instance groups as ``KIND_CPU``; the rest of the pod, GPU requests included, is what production
+renders (batchfill.controller.desired.render_on_cpu). Unset, the operator renders for production.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ ENV_NAMES = {
     "api_burst": "API_BURST",
     "profile_interval_s": "PROFILE_INTERVAL_SECONDS",
     "triton_http_port": "TRITON_HTTP_PORT",
+    "triton_cpu_image": "TRITON_CPU_IMAGE",
     "leader_election": "LEADER_ELECTION",
     "leader_election_lease_name": "LEADER_ELECTION_LEASE_NAME",
     "leader_election_namespace": "LEADER_ELECTION_NAMESPACE",
@@ -93,6 +100,7 @@ class OperatorSettings(BaseModel):
     api_burst: int = Field(default=30, ge=1, le=100_000)
     profile_interval_s: float = Field(default=60.0, gt=0, le=86_400)
     triton_http_port: int = Field(default=8000, ge=1, le=65535)
+    triton_cpu_image: str = Field(default="", max_length=1024, pattern=r"^[!-~]*$")  # an image reference (no spaces)
     leader_election: bool = False
     leader_election_lease_name: str = Field(default="batchfill", max_length=253, pattern=_SUBDOMAIN)
     leader_election_namespace: str = Field(default="", pattern=_LABEL)
