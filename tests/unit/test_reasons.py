@@ -109,6 +109,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "DEPLOYED": "Deployed",
         "CONFIG_CHANGED": "ConfigChanged",
         "ROLLED_BACK_BY_HAND": "RolledBackByHand",
+        "ROLLING_IN_PLACE": "RollingInPlace",
         "MANUAL_SCALE_REVERTED": "ManualScaleReverted",
         "SCALE_RESUMED": "ScaleResumed",
         "STATISTICS_UNAVAILABLE": "StatisticsUnavailable",

@@ -106,6 +106,7 @@ DEPLOYMENT_FIELDS: Fields = {
     "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "generation": True},
     "spec": {
         "replicas": True,
+        "strategy": True,
         "template": {"metadata": {"labels": True, "annotations": True}, "spec": {"volumes": True}},
     },
     "status": True,

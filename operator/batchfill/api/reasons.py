@@ -148,6 +148,8 @@ class EventReason(StrEnum):
     DEPLOYED = "Deployed"
     CONFIG_CHANGED = "ConfigChanged"
     ROLLED_BACK_BY_HAND = ConditionReason.ROLLED_BACK_BY_HAND
+    #: no free GPU for a surge pod: the rollout goes one replica at a time (controller.rollout)
+    ROLLING_IN_PLACE = "RollingInPlace"
     #: scaling.mode Auto restored the replica count someone else set on the Deployment
     MANUAL_SCALE_REVERTED = "ManualScaleReverted"
     #: a scale status recorded but the Deployment never got (the operator stopped in between) was completed

@@ -25,6 +25,7 @@ from batchfill.api.errors import SpecError
 from batchfill.api.reasons import ConditionType, EventReason
 from batchfill.controller.configs import config_owners
 from batchfill.controller.desired import adopted_profile, desired_state
+from batchfill.controller.rollout import keeps_rolling_in_place
 from batchfill.controller.status import changed_fields, desired_status, hand_rollback, rejection_status
 from batchfill.policy import conditions as cond
 from batchfill.render.kube import (
@@ -75,8 +76,12 @@ def emitter(kube: Kube, body: Mapping[str, Any]) -> Emit:
     return emit
 
 
-def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) -> dict[str, Any]:
+def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in_place: bool = False) -> dict[str, Any]:
     """Bring the children in line with the spec; return the status fields to patch (possibly none).
+
+    ``in_place``: roll without a surge pod (the scaling tick found none can be scheduled,
+    :func:`batchfill.controller.rollout.in_place_reason`); an in-place rollout under way stays in place until it
+    is complete either way.
 
     Raises:
         SpecRejectedError: invalid or infeasible spec (its conditions are in the exception).
@@ -117,7 +122,8 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit) ->
         assert existing is not None
         deployment = existing
     else:
-        deployment = kube.apply(build_deployment(owner, desired.spec, desired.config_hash, replicas))
+        in_place = in_place or keeps_rolling_in_place(existing)
+        deployment = kube.apply(build_deployment(owner, desired.spec, desired.config_hash, replicas, in_place=in_place))
     kube.apply(build_service(owner))
     if with_monitor:
         apply_service_monitor(kube, build_service_monitor(owner))
@@ -176,7 +182,7 @@ def apply_service_monitor(kube: Kube, monitor: dict[str, Any]) -> bool:
     return True
 
 
-def reapply(kube: Kube, name: str, namespace: str, *, now: float) -> None:
+def reapply(kube: Kube, name: str, namespace: str, *, now: float, in_place: bool = False) -> None:
     """Apply the children again and write the status that results (a loop's re-apply; the handlers apply once
     per generation). The object is read again first: its status may have just changed.
 
@@ -190,7 +196,7 @@ def reapply(kube: Kube, name: str, namespace: str, *, now: float) -> None:
     if fresh is None:
         return
     try:
-        changed = reconcile(fresh, kube, now=now, emit=emitter(kube, fresh))
+        changed = reconcile(fresh, kube, now=now, emit=emitter(kube, fresh), in_place=in_place)
     except SpecRejectedError as err:
         kube.patch_status(fresh, changed_fields(fresh.get("status") or {}, err.status))
         return

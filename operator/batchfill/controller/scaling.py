@@ -32,6 +32,7 @@ from batchfill.api.spec import ScalingMode
 from batchfill.api.status import ConditionStatus, PlannedProfileSource
 from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.reconcile import SERVICE_MONITOR, Event, apply_service_monitor, log_event, reapply
+from batchfill.controller.rollout import in_place_reason
 from batchfill.controller.status import (
     PodCounts,
     changed_fields,
@@ -159,6 +160,7 @@ class ScalePlan:
         events: (type, reason, message) to post once the status write landed.
         metrics: what the operator's metrics record once the status write landed.
         reapply: why the children must be applied again (empty: they serve the handled spec).
+        in_place: re-apply the Deployment with the in-place rollout strategy (no GPU for a surge pod).
         memory: the memory to keep when the status write lands.
         memory_if_stale: the memory to keep when it loses the race (HTTP 409: the decision came from an older
             state; only what the reads showed is kept); None: ``memory``.
@@ -170,6 +172,7 @@ class ScalePlan:
     events: tuple[Event, ...] = ()
     metrics: TickMetrics | None = None
     reapply: str = ""
+    in_place: bool = False
     memory: ScalingMemory = ScalingMemory()
     memory_if_stale: ScalingMemory | None = None
 
@@ -277,6 +280,9 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     target = decision.desired_replicas if decision.apply else current
     events = _scale_events(status, deployment, signals, desired, decision, current, target, restored)
     events = (*events, *rollback_events(status, deployment, desired))
+    in_place = in_place_reason(deployment, inputs.pods, now)
+    if in_place:
+        events = (*events, ("Warning", EventReason.ROLLING_IN_PLACE, in_place))
 
     extra = scaling_conditions(decision, signals)
     wanted = desired_status(inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing)
@@ -308,6 +314,8 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
         scale=(names(_owner(inputs.body))["deployment"], target) if (restored is not None or decision.apply) else None,
         events=events,
         metrics=metrics,
+        reapply=in_place,
+        in_place=bool(in_place),
         memory=ScalingMemory(decision.history, now, len(pods.ready) + pods.starting, monitored),
         memory_if_stale=replace(memory, monitored=monitored),
     )
@@ -416,7 +424,7 @@ def act_scale(
     if plan.reapply:
         log.warning("%s/%s: %s: applying its children again", ns, name, plan.reapply)
         try:
-            reapply(kube, name, ns, now=clock())
+            reapply(kube, name, ns, now=clock(), in_place=plan.in_place)
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("re-applying the children of %s/%s postponed: %s", ns, name, err)
     return ScaleOutcome(written, gone)

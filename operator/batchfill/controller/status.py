@@ -17,6 +17,7 @@ from batchfill.api.errors import SpecError
 from batchfill.api.reasons import ConditionReason, ConditionType, SpecReason
 from batchfill.api.status import ConditionStatus, PlannedProfileSource
 from batchfill.controller.desired import Desired, profile_hash
+from batchfill.controller.rollout import rollout_in_progress, rolls_in_place
 from batchfill.policy import conditions as cond
 from batchfill.policy.plan import significant
 from batchfill.policy.scaling import Decision, Recommendation
@@ -370,6 +371,8 @@ def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, statu
     wanted = desired.plan_status.model_dump(mode="json", exclude_none=True)
     if as_stored(status.get("plan")) != as_stored(wanted):
         return "status.plan is not the plan of the adopted profile yet"
+    if rolls_in_place(deployment) and not rollout_in_progress(deployment):
+        return "the in-place rollout is complete: the surge strategy comes back"
     return ""
 
 

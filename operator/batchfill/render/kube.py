@@ -221,8 +221,17 @@ def _source_volume(spec: BatchedModelSpec) -> tuple[dict[str, Any], str]:
     )
 
 
-def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, replicas: int) -> dict[str, Any]:
-    """The Triton Deployment.
+#: ``spec.strategy.rollingUpdate``: a new pod loads the model before an old one goes (needs a free GPU), or, on a
+#: GPU-tight cluster, one old pod goes first and its GPU takes the new one (``controller.rollout``).
+SURGE_STRATEGY = {"maxSurge": 1, "maxUnavailable": 0}
+IN_PLACE_STRATEGY = {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def build_deployment(
+    owner: Owner, spec: BatchedModelSpec, config_hash: str, replicas: int, *, in_place: bool = False
+) -> dict[str, Any]:
+    """The Triton Deployment (``in_place``: roll one replica at a time without a surge pod, for a cluster with no
+    free GPU).
 
     An init container (the same Triton image) assembles the model repository in an emptyDir: the model's
     files from the source volume, and ``config.pbtxt`` from the ConfigMap, which replaces any config shipped
@@ -317,8 +326,12 @@ def build_deployment(owner: Owner, spec: BatchedModelSpec, config_hash: str, rep
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(owner)},
-            # Never drop below the replicas that carry the load while new pods load the model.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            # Never drop below the replicas that carry the load while new pods load the model, unless no GPU is
+            # free for the new pod.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": dict(IN_PLACE_STRATEGY if in_place else SURGE_STRATEGY),
+            },
             "template": {
                 "metadata": {
                     "labels": labels(owner),
