@@ -278,11 +278,12 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     replicas = _replicas(current, pods, signals)
     decision = decide(ScalingInput(now, signals, PlanNumbers.from_status(plan), spec.scaling, replicas, history))
     target = decision.desired_replicas if decision.apply else current
-    events = _scale_events(status, deployment, signals, desired, decision, current, target, restored)
-    events = (*events, *rollback_events(status, deployment, desired))
     in_place = in_place_reason(deployment, inputs.pods, now)
-    if in_place:
-        events = (*events, ("Warning", EventReason.ROLLING_IN_PLACE, in_place))
+    events = (
+        *_scale_events(status, deployment, signals, desired, decision, current, target, restored),
+        *rollback_events(status, deployment, desired),
+        *([("Warning", EventReason.ROLLING_IN_PLACE, in_place)] if in_place else []),
+    )
 
     extra = scaling_conditions(decision, signals)
     wanted = desired_status(inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing)
@@ -297,17 +298,11 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
         wanted["scalingHistory"] = [
             {"time": cond.rfc3339(v.time), "replicas": v.replicas, "ready": v.ready} for v in store
         ]
-    metrics = TickMetrics(
-        decision=decision,
-        signals=signals,
-        replicas=target,
-        ready=len(pods.ready),
-        capacity_rps=plan.capacityPerReplicaRps,
-        server_budget_ms=plan.serverBudgetMs,
-        gpus_per_replica=spec.triton.gpusPerReplica,
-        gpu_holding_replicas=memory.holding,
-        elapsed_s=0.0 if memory.last_tick is None else max(0.0, now - memory.last_tick),
-    )
+    elapsed_s = 0.0 if memory.last_tick is None else max(0.0, now - memory.last_tick)
+    metrics = TickMetrics(decision=decision, signals=signals, replicas=target, ready=len(pods.ready),
+                          capacity_rps=plan.capacityPerReplicaRps, server_budget_ms=plan.serverBudgetMs,
+                          gpus_per_replica=spec.triton.gpusPerReplica, gpu_holding_replicas=memory.holding,
+                          elapsed_s=elapsed_s)  # fmt: skip
     return ScalePlan(
         status=changed_fields(status, wanted),
         service_monitor=monitor,
