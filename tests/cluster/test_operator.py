@@ -29,7 +29,7 @@ from batchfill.render.kube import CONFIG_HASH_ANNOTATION, template_config_name
 from batchfill.testbed.install import install_operator_rbac, operator_as_service_account
 
 from .conftest import USE_EXISTING
-from .support import Kube, model_volume, rbac_denials, require_gpus, temp_namespace, until, wait_for
+from .support import Kube, free_gpus, model_volume, rbac_denials, require_gpus, temp_namespace, until, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -317,6 +317,69 @@ def test_rollout_undo_restores_the_previous_config_and_holds_until_the_spec_chan
             lambda b: condition(b, ConditionType.CONFIG_APPLIED) is None and _rolled_forward(kube, ns, b, h1),
             90,
         )
+
+
+def _fill_gpus(kube: Kube, ns: str) -> list[str]:
+    """Pods (kwok: nothing runs) holding every free nvidia.com/gpu, one per node; returns their names."""
+    made = []
+    for node, free in free_gpus(kube).items():
+        if free <= 0:
+            continue
+        name = f"filler-{len(made)}"
+        kube.core.create_namespaced_pod(ns, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "hold", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"limits": {"nvidia.com/gpu": str(free)}}}]},
+        })  # fmt: skip
+        made.append(name)
+    wait_for("the fillers bound", lambda: all(free_gpus(kube).get(n, 0) <= 0 for n in free_gpus(kube)) or None, 60)
+    return made
+
+
+def test_a_rollout_with_no_free_gpu_for_a_surge_pod_goes_in_place_and_completes(kube: Kube, operator: Any) -> None:
+    """A GPU-tight cluster (every GPU held): the config change's surge pod stays Pending for want of GPUs, so the
+    operator rolls in place (maxSurge 0, maxUnavailable 1), the rollout completes, and the surge strategy comes back."""
+    require_gpus(kube)
+    with temp_namespace(kube) as ns:
+        model_volume(kube, ns)
+        custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, batched_model("tight"))
+        first = until("children", lambda: children(kube, ns, "tight"), lambda c: len(c) == 3, 90)
+        kube.kubectl("rollout", "status", "deployment/tight-triton", "-n", ns, "--timeout=90s")
+        h1 = first["configmap"].metadata.annotations[CONFIG_HASH_ANNOTATION]
+        _fill_gpus(kube, ns)
+        t0 = time.monotonic()
+        custom(kube).patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, "tight", {"spec": {"sla": {"latencyP99Ms": 70, "networkOverheadMs": 10}}}
+        )
+        until(
+            "the surge pod Pending for want of GPUs",
+            lambda: kube.core.list_namespaced_pod(ns, label_selector="batchfill.io/batchedmodel=tight").items,
+            lambda pods: any(
+                c.type == "PodScheduled" and c.status == "False" and "nvidia.com/gpu" in (c.message or "")
+                for p in pods for c in p.status.conditions or []
+            ),
+            60,
+        )  # fmt: skip
+        until(
+            "the rollout turned in place",
+            lambda: kube.apps.read_namespaced_deployment("tight-triton", ns).spec.strategy.rolling_update,
+            lambda r: str(r.max_surge) == "0",
+            120,
+        )
+        in_place_s = time.monotonic() - t0
+        kube.kubectl("rollout", "status", "deployment/tight-triton", "-n", ns, "--timeout=120s")
+        assert _served_hash(kube, ns, "tight") != h1
+        until(
+            "the surge strategy back",
+            lambda: kube.apps.read_namespaced_deployment("tight-triton", ns).spec.strategy.rolling_update,
+            lambda r: (str(r.max_surge), str(r.max_unavailable)) == ("1", "0"),
+            60,
+        )
+        done_s = time.monotonic() - t0
+        listed = kube.core.list_namespaced_event(ns, field_selector="involvedObject.name=tight").items
+        assert [e.reason for e in listed].count(EventReason.ROLLING_IN_PLACE) == 1
+        print(f"GPU-tight rollout: in place after {in_place_s:.0f} s, complete and surge restored after {done_s:.0f} s")
 
 
 def test_steady_state_writes_nothing_to_children(kube: Kube, operator: Any) -> None:
