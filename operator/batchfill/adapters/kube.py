@@ -253,22 +253,19 @@ class Kube:
 
     def list_config_maps(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         """ConfigMaps matching the ``{key: value}`` label equalities."""
-        what = f"list configmaps {namespace}"
-        try:
-            resp = client.CoreV1Api(self.api).list_namespaced_config_map(
-                namespace, label_selector=_selector(selector), _preload_content=False
-            )
-        except (ApiException, HTTPError) as e:
-            raise _classify(e, what) from None
-        return _items(resp, what)
+        return self._list(client.CoreV1Api(self.api).list_namespaced_config_map, "configmaps", namespace, selector)
 
     def list_replica_sets(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         """ReplicaSets matching the ``{key: value}`` label equalities (a Deployment's carry its pod labels)."""
-        what = f"list replicasets {namespace}"
+        return self._list(client.AppsV1Api(self.api).list_namespaced_replica_set, "replicasets", namespace, selector)
+
+    @staticmethod
+    def _list(
+        call: Callable[..., Any], plural: str, namespace: str, selector: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        what = f"list {plural} {namespace}"
         try:
-            resp = client.AppsV1Api(self.api).list_namespaced_replica_set(
-                namespace, label_selector=_selector(selector), _preload_content=False
-            )
+            resp = call(namespace, label_selector=_selector(selector), _preload_content=False)
         except (ApiException, HTTPError) as e:
             raise _classify(e, what) from None
         return _items(resp, what)
