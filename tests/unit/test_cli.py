@@ -143,3 +143,54 @@ def test_no_kopf_handler_is_declared_with_zero_retries_or_a_timer() -> None:
     assert all(h.retries is None or h.retries >= 1 for h in changing), [(h.id, h.retries) for h in changing]
     assert spawning == [], [h.id for h in spawning]
     assert all(not h.requires_finalizer for h in changing), [h.id for h in changing if h.requires_finalizer]
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """A few hundred bytes of YAML whose aliases stand for 9**levels strings (the billion-laughs document)."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join([*lines, "apiVersion: batchfill.io/v1alpha1", "kind: BatchedModel", "metadata: {name: bomb}",
+                      f"spec:\n  model: *a{levels - 1}"])  # fmt: skip
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_not_expanded(tmp_path: Path) -> None:
+    """Issue 15 item 10: 500 bytes that expand to 387 million values. A subprocess with a deadline, so a regression
+    fails instead of hanging the suite (the deadline is a hang guard, not a speed target: it ends in well under 1 s)."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "bomb.yaml"
+    f.write_text(_alias_bomb())
+    assert len(f.read_bytes()) < 600
+    r = subprocess.run(
+        [sys.executable, "-m", "batchfill.cli", "plan", str(f)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2, r.stderr
+    assert "(document): expands to more than 100,000 values (YAML aliases?)" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("spec: " + "[" * 70 + "]" * 70, "nests deeper than 64 levels"),
+        ("# " + "x" * (1 << 20) + "\nspec: {}", "bytes, over the 1,048,576 bytes a file of BatchedModels may have"),
+    ],
+    ids=["deep", "big"],
+)
+def test_oversized_inputs_exit_2_with_the_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_text(text)
+    assert main(["plan", str(f)]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_a_huge_value_in_an_error_is_rendered_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_text(yaml.safe_dump([list(range(20_000))] * 3))  # a list, not a mapping
+    assert main(["plan", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "(document): must be a mapping" in err
+    assert len(err) < 400, err
