@@ -194,3 +194,20 @@ def test_a_huge_value_in_an_error_is_rendered_short(tmp_path: Path, capsys: pyte
     err = capsys.readouterr().err
     assert "(document): must be a mapping" in err
     assert len(err) < 400, err
+
+
+def test_a_profile_of_one_point_above_batch_size_1_is_refused_by_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 15 item 8: one point at batch size 8 planned 'feasible' at 0.9 req/s per replica."""
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["profile"] = [{"batchSize": 8, "latencyMs": 50}]
+    f = tmp_path / "one.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(f)]) == 2
+    assert "spec.profile: has one point (batchSize 8): at least two batch sizes are needed" in capsys.readouterr().err
+    doc["spec"]["profile"] = [{"batchSize": 1, "latencyMs": 50}]  # one point at 1: no batching, a sound plan
+    doc["spec"].pop("batching", None)
+    f.write_text(yaml.safe_dump(doc))
+    main(["plan", str(f)])
+    assert "spec.profile: has one point" not in capsys.readouterr().err

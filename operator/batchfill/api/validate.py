@@ -106,6 +106,16 @@ def check_spec(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a flat l
                     f"{profile[i - 1].batchSize} (batch sizes strictly increasing)",
                 )
             )
+    if len(profile) == 1 and profile[0].batchSize > 1:
+        # One point says nothing about how latency grows with the batch: every smaller batch would be planned at
+        # this batch's latency, which makes batching look useless and the capacity nonsense (< 1 req/s).
+        p.append(
+            Problem(
+                "spec.profile",
+                f"has one point (batchSize {profile[0].batchSize}): at least two batch sizes are needed, one of "
+                "them 1, to know how latency grows with the batch (measure them: batchfill profile)",
+            )
+        )
     largest = max((q.batchSize for q in profile), default=None)
 
     batching_off = b.maxBatchSize == 0
