@@ -211,3 +211,34 @@ def test_a_profile_of_one_point_above_batch_size_1_is_refused_by_field(
     f.write_text(yaml.safe_dump(doc))
     main(["plan", str(f)])
     assert "spec.profile: has one point" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("sla", "batching"), [((100.3, 90.3), {"maxBatchSize": 0}), ((20.2, 10.2), {"maxBatchSize": 0})]
+)
+def test_a_budget_equal_to_the_latency_is_feasible_despite_float_rounding(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sla: tuple[float, float], batching: dict[str, int]
+) -> None:
+    """Issue 15 item 9: 100.3 - 90.3 is 9.999999999999996 in floats, which failed l(1) = 10 ms."""
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["sla"] = {"latencyP99Ms": sla[0], "networkOverheadMs": sla[1]}
+    doc["spec"]["batching"] = batching
+    f = tmp_path / "edge.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(f), "-o", "json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["plan"]["serverBudgetMs"] == 10
+
+
+def test_at_the_edge_with_batching_the_error_names_the_queue_delay_not_a_field_never_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["sla"] = {"latencyP99Ms": 100.3, "networkOverheadMs": 90.3}
+    f = tmp_path / "edge.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "budget is 10 ms" in err
+    assert "shortest queue delay (0.1 ms) does not fit" in err
+    assert "spec.batching.maxBatchSize: 0" in err
+    assert "preferredBatchSizes" not in err

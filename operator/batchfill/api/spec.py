@@ -278,6 +278,20 @@ class SLASpec(_Model):
         description="Budget outside Triton (network, pre/post processing), in ms. Triton's budget is the rest.",
     )
 
+    @property
+    def server_budget_ms(self) -> float:
+        """Triton's p99 budget T = latencyP99Ms - networkOverheadMs, in ms, to 1 ns.
+
+        Rounded because the subtraction of two decimal inputs is not exact in binary floats (100.3 - 90.3 is
+        9.999999999999996): a budget that equals a latency in the profile must compare equal to it, not fail by one
+        unit in the last place and then report "budget is 10 ms".
+        """
+        return round(self.latencyP99Ms - self.networkOverheadMs, SERVER_BUDGET_DECIMALS)
+
+
+#: Decimal places of milliseconds kept in the server budget (1 ns).
+SERVER_BUDGET_DECIMALS = 6
+
 
 class ProfilePoint(_Model):
     """Execution latency of one batch size."""

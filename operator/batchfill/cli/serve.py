@@ -130,7 +130,7 @@ def provisional_plan(spec: BatchedModelSpec, sizes: list[int]) -> PlanStatus:
         preferredBatchSizes=[],
         maxQueueDelayMicroseconds=100,
         instanceCount=1,
-        serverBudgetMs=spec.sla.latencyP99Ms - spec.sla.networkOverheadMs,
+        serverBudgetMs=spec.sla.server_budget_ms,
         capacityPerReplicaRps=0,
         predictedP99Ms=0,
         minClientTimeoutMs=0,

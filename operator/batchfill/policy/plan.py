@@ -498,7 +498,7 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
     assert spec.profile is not None  # _check_profile raised otherwise
     sla, b = spec.sla, spec.batching
     profile = LatencyProfile.from_points(spec.profile)
-    budget = sla.latencyP99Ms - sla.networkOverheadMs
+    budget = sla.server_budget_ms
     target = budget * (1 - b.safetyMarginPercent / 100)
     budget_of = _budget_of(spec, budget, target)
     budget_text = f"budget is {budget_of}"
@@ -507,12 +507,17 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
     slack = 0.0 if batching_off else MIN_QUEUE_DELAY_US / 1000.0
     if l1 + slack > target:
         first = spec.profile[0]
+        why = (
+            "no batching configuration can meet the SLA"
+            if l1 > target
+            else f"the batcher's shortest queue delay ({slack:g} ms) does not fit beside it; serve without batching "
+            "(spec.batching.maxBatchSize: 0) or widen the SLA"
+        )
         raise InfeasibleSLAError(
             [
                 Problem(
                     "spec.profile[0].latencyMs",
-                    f"latency at batch {first.batchSize} is {l1:g} ms, {budget_text}; "
-                    "no batching configuration can meet the SLA",
+                    f"latency at batch {first.batchSize} is {l1:g} ms, {budget_text}; {why}",
                 )
             ]
         )
@@ -645,7 +650,7 @@ def first_plan(spec: BatchedModelSpec) -> PlanResult:
     preferred = tuple(sorted(b.preferredBatchSizes)) if b.preferredBatchSizes else tuple(range(1, batch + 1))
     delay = 0 if batch == 0 else (b.maxQueueDelayMicroseconds or MIN_QUEUE_DELAY_US)
     chosen = Candidate(batch, preferred if batch else (), delay, max(1, spec.triton.gpusPerReplica))
-    budget = spec.sla.latencyP99Ms - spec.sla.networkOverheadMs
+    budget = spec.sla.server_budget_ms
     direct = spec.model.stateful and spec.model.sequenceStrategy is SequenceStrategy.DIRECT
     return PlanResult(
         chosen=chosen,
