@@ -26,7 +26,13 @@ from batchfill.api.reasons import ConditionType, EventReason
 from batchfill.controller.configs import config_owners
 from batchfill.controller.desired import adopted_profile, desired_state
 from batchfill.controller.rollout import keeps_rolling_in_place
-from batchfill.controller.status import changed_fields, desired_status, hand_rollback, rejection_status
+from batchfill.controller.status import (
+    changed_fields,
+    desired_status,
+    hand_rollback,
+    planned_plan_warnings,
+    rejection_status,
+)
 from batchfill.policy import conditions as cond
 from batchfill.render.kube import (
     CONFIG_HASH_ANNOTATION,
@@ -145,6 +151,10 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in
         )
 
     wanted = desired_status(body, desired, deployment, now=now)
+    stored = cond.find(status.get("conditions"), ConditionType.PLANNED) or {}
+    for warning in planned_plan_warnings(desired):  # once: while the stored condition does not carry it yet
+        if warning.message not in str(stored.get("message") or ""):
+            emit("Warning", warning.reason, warning.message)
     return changed_fields(status, wanted)
 
 

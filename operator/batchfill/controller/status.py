@@ -19,7 +19,7 @@ from batchfill.api.status import ConditionStatus, PlannedProfileSource
 from batchfill.controller.desired import Desired, profile_hash
 from batchfill.controller.rollout import rollout_in_progress, rolls_in_place
 from batchfill.policy import conditions as cond
-from batchfill.policy.plan import significant
+from batchfill.policy.plan import PlanWarning, significant
 from batchfill.policy.scaling import Decision, Recommendation
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render.kube import CONFIG_HASH_ANNOTATION, CONFIG_NAME_INFIX, FIELD_MANAGER, template_config_name
@@ -70,6 +70,12 @@ def changed_fields(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dic
     return {k: v for k, v in wanted.items() if as_stored(current.get(k)) != as_stored(v)}
 
 
+def planned_plan_warnings(desired: Desired) -> list[PlanWarning]:
+    """The plan's warnings that the Planned condition carries (reason: the first one's; message: all of them),
+    e.g. MaxBatchSizeCapped; BatchingEffective carries its own."""
+    return [w for w in desired.plan.warnings if w.condition == ConditionType.PLANNED]
+
+
 #: Failing pods a condition message names (the rest are counted).
 NAMED_FAILING_PODS = 3
 
@@ -97,6 +103,7 @@ def _reconciled_conditions(
     ``"<pod>: <reason>"`` each, which Ready names)."""
     plan = desired.plan_status
     first = desired.profile_source == PlannedProfileSource.FIRST_PLAN
+    planned_warnings = planned_plan_warnings(desired)
     settings = (
         f"max_batch_size {plan.maxBatchSize}, max_queue_delay_microseconds {plan.maxQueueDelayMicroseconds}, "
         f"config {desired.config_hash}"
@@ -119,14 +126,21 @@ def _reconciled_conditions(
         cond.ConditionUpdate(
             ConditionType.PLANNED,
             ConditionStatus.TRUE,
-            ConditionReason.FIRST_PLAN
-            if first
+            planned_warnings[0].reason
+            if planned_warnings
             else (
-                ConditionReason.PLANNED_FROM_MEASURED_PROFILE
-                if desired.profile_source == PlannedProfileSource.MEASURED
-                else ConditionReason.PLANNED
+                ConditionReason.FIRST_PLAN
+                if first
+                else (
+                    ConditionReason.PLANNED_FROM_MEASURED_PROFILE
+                    if desired.profile_source == PlannedProfileSource.MEASURED
+                    else ConditionReason.PLANNED
+                )
             ),
-            f"{settings}; capacity unknown until the profile is measured" if first else settings,
+            "; ".join(
+                [f"{settings}; capacity unknown until the profile is measured" if first else settings]
+                + [f"warning: {w.message}" for w in planned_warnings]
+            ),
         ),
         _ready_condition(ready, total, failing),
     ]
