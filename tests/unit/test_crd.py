@@ -333,7 +333,10 @@ EXPECTED_RULES: dict[str, list[str]] = {
         "!has(self.preferredBatchSizes) || size(self.preferredBatchSizes) == 0 || "
         "!has(self.maxBatchSize) || self.maxBatchSize > 0",
     ],
-    "spec.scaling": ["!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas"],
+    "spec.scaling": [
+        "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+        "!has(self.minReplicas) || self.minReplicas >= 1",
+    ],
     # maps: the lengths of their keys (and of quantity strings), which a structural schema cannot bound otherwise,
     # and their keys' characters (printable ASCII, so kopf's escaped copy of the spec stays within its budget)
     "spec.triton.resources.requests": [
@@ -481,7 +484,7 @@ def test_pydantic_dump_of_a_full_spec_is_accepted() -> None:
             "sla": {"latencyP99Ms": 50.5, "networkOverheadMs": 5},
             "profile": [{"batchSize": 1, "latencyMs": 3.5}, {"batchSize": 8, "latencyMs": 12}],
             "batching": {"maxBatchSize": 8, "preferredBatchSizes": [4, 8], "maxQueueDelayMicroseconds": 1000},
-            "scaling": {"minReplicas": 0, "maxReplicas": 4, "targetUtilization": 0.7, "mode": "Advise"},
+            "scaling": {"minReplicas": 1, "maxReplicas": 4, "targetUtilization": 0.7, "mode": "Advise"},
             "triton": {
                 "gpusPerReplica": 0,
                 "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": 2}},

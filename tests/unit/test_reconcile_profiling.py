@@ -177,9 +177,10 @@ def test_an_infeasible_measurement_is_not_adopted_and_said_once_per_interval() -
     assert (again.status, again.events) == ({}, ())
 
 
-def test_min_replicas_zero_needs_a_profile() -> None:
+def test_min_replicas_zero_is_refused_by_field() -> None:
+    """Issue 15 item 4: at 0 replicas nothing reports demand, so a model scaled to 0 never came back."""
     spec = copy.deepcopy(SPEC) | {"scaling": {"minReplicas": 0}}
-    with pytest.raises(SpecError, match=r"spec\.scaling\.minReplicas=0 needs spec\.profile"):
+    with pytest.raises(SpecError, match=r"spec\.scaling\.minReplicas=0: minReplicas must be at least 1: at 0"):
         desired_state(spec)
 
 

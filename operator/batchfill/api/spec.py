@@ -401,6 +401,13 @@ class ScalingMode(StrEnum):
     OFF = "Off"
 
 
+#: Why spec.scaling.minReplicas must be at least 1 (docs/operations.md, scale to zero).
+MIN_REPLICAS_ZERO = (
+    "minReplicas must be at least 1: at 0 replicas no pod runs to report demand, so nothing would ever scale the "
+    "model up again (scale to zero needs a wake-up signal from outside Triton, which batchfill does not read yet)"
+)
+
+
 class ScalingSpec(_Model):
     """Load-proportional scaling bounds."""
 
@@ -411,12 +418,16 @@ class ScalingSpec(_Model):
                     "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
                     "minReplicas must be <= maxReplicas",
                     ".minReplicas",
-                )
+                ),
+                cel("!has(self.minReplicas) || self.minReplicas >= 1", MIN_REPLICAS_ZERO, ".minReplicas"),
             ]
         }
     )
 
-    minReplicas: int = Field(default=1, ge=0, le=10_000, description="Fewest Triton replicas.")
+    # The policy (policy.scaling) handles 0 replicas, but the API refuses it: see MIN_REPLICAS_ZERO.
+    minReplicas: int = Field(
+        default=1, ge=0, le=10_000, description="Fewest Triton replicas (at least 1: see the CEL rule's message)."
+    )
     maxReplicas: int = Field(default=16, ge=1, le=10_000, description="Most Triton replicas (GPU budget).")
     targetUtilization: float = Field(
         default=0.85,

@@ -20,6 +20,7 @@ from batchfill.api.errors import Problem, SpecError, field_path
 from batchfill.api.reasons import SpecReason
 from batchfill.api.spec import (
     KIND,
+    MIN_REPLICAS_ZERO,
     BatchedModel,
     BatchedModelSpec,
     DataType,
@@ -96,6 +97,8 @@ def check_spec(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a flat l
             )
         )
 
+    if spec.scaling.minReplicas < 1:
+        p.append(Problem("spec.scaling.minReplicas", f"={spec.scaling.minReplicas}: {MIN_REPLICAS_ZERO}"))
     profile = spec.profile or []
     for i in range(1, len(profile)):
         if profile[i].batchSize <= profile[i - 1].batchSize:
