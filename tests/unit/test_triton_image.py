@@ -195,6 +195,10 @@ def test_a_cpu_image_changes_the_image_and_the_instance_kind_and_nothing_else(pr
         c["image"] = prod.spec.triton.image
     annotations = local_dep["spec"]["template"]["metadata"]["annotations"]
     annotations.update(prod_dep["spec"]["template"]["metadata"]["annotations"])  # the config hash
+    # and the config's ConfigMap, which is named by the config's hash
+    prod_config = next(v for v in prod_dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
+    volumes = local_dep["spec"]["template"]["spec"]["volumes"]
+    volumes[:] = [prod_config if v["name"] == "config" else v for v in volumes]
     assert local_dep == prod_dep
 
     render_on_cpu("")
