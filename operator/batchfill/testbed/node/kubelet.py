@@ -15,6 +15,7 @@ garbage collection off (small disks); no read-only port.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +81,21 @@ def node_subject(name: str) -> str:
     return f"/O=system:nodes/CN=system:node:{name}"
 
 
-def command(kubelet: Path, plan: NodePlan, config: Path, kubeconfig: Path, root_dir: Path, cert_dir: Path) -> list[str]:
-    """The kubelet's command line (flags that have no KubeletConfiguration field)."""
+def command(
+    kubelet: Path,
+    plan: NodePlan,
+    config: Path,
+    kubeconfig: Path,
+    root_dir: Path,
+    cert_dir: Path,
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The kubelet's command line (flags that have no KubeletConfiguration field). The node registers with the
+    label ``batchfill.dev/node=real`` and ``labels`` (the GPU labels of a node with fake GPUs: outside the
+    ``kubernetes.io`` prefixes the NodeRestriction admission plugin keeps from kubelets, or in its allowed ones)."""
+    node_labels = {REAL_NODE_LABEL: "real", **(labels or {})}
     return [
         str(kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}", f"--root-dir={root_dir}",
         f"--cert-dir={cert_dir}", f"--node-ip={plan.node_ip}", f"--hostname-override={plan.name}",
-        f"--node-labels={REAL_NODE_LABEL}=real",
+        "--node-labels=" + ",".join(f"{k}={v}" for k, v in node_labels.items()),
     ]  # fmt: skip
