@@ -92,6 +92,19 @@ def _real_nodes_running(state: ClusterState | None, count: int, gpus: int | None
     return state is not None and RealNodes.from_record(state.real_nodes).running(count, gpus)
 
 
+def _reusable(run: Path, real_nodes: int, real_node_gpus: int) -> ClusterInfo | None:
+    """The running cluster of ``run`` when its real nodes are ``real_nodes`` with ``real_node_gpus`` GPUs each
+    (else None: start afresh). Raises :class:`DevClusterError` for a negative GPU count or a foreign ``run``."""
+    if real_node_gpus < 0:
+        raise DevClusterError(f"real_node_gpus must be >= 0, got {real_node_gpus}")
+    check_run_dir(run)
+    existing = cluster_status(run)
+    gpus = real_node_gpus if real_nodes else None
+    if existing is not None and not _real_nodes_running(ClusterState.load(run), real_nodes, gpus):
+        return None
+    return existing
+
+
 def _stop_all(state: ClusterState) -> tuple[list[str], list[str]]:
     """Remove the real nodes (:func:`batchfill.testbed.node.teardown_all`, while the control plane still runs),
     then stop the components. Returns (surviving components, real-node problems)."""
@@ -142,13 +155,7 @@ def cluster_up(
     con = default_console(console, quiet)
     t0 = time.monotonic()
 
-    if real_node_gpus < 0:
-        raise DevClusterError(f"real_node_gpus must be >= 0, got {real_node_gpus}")
-    check_run_dir(run)
-    existing = cluster_status(run)
-    if existing is not None and not _real_nodes_running(ClusterState.load(run), real_nodes,
-                                                        real_node_gpus if real_nodes else None):  # fmt: skip
-        existing = None  # another number of real nodes or of their GPUs: start afresh
+    existing = _reusable(run, real_nodes, real_node_gpus)
     if existing is not None:
         state = _reuse(existing, desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes, pod_block=existing.pod_block),
                        con, timeout_s)  # fmt: skip

@@ -10,7 +10,8 @@ Fields, per https://kubernetes.io/docs/reference/config-api/kubelet-config.v1bet
 (``failCgroupV1: false``, the cgroupfs driver, the node's own ``cgroupRoot``); ``protectKernelDefaults: true`` so
 the kubelet never changes a kernel sysctl (it would set ``vm.overcommit_memory``, ``kernel.panic``,
 ``kernel.panic_on_oops`` and the ``kernel.keys`` limits otherwise); eviction thresholds near zero and image
-garbage collection off (small disks); no read-only port.
+garbage collection off (small disks); no read-only port; the node status computed every 2 s, so a device plugin's
+devices show in ``status.allocatable`` soon after it registers.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def kubelet_config(plan: NodePlan, root_dir: Path, client_ca: Path, runtime_sock
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
         "maxPods": 110,
+        # How often the kubelet computes its node status (default 10 s) and posts it when it changed: the GPUs a
+        # device plugin registers reach status.allocatable within this, at up, after a kubelet restart.
+        "nodeStatusUpdateFrequency": "2s",
     }
 
 
