@@ -16,7 +16,8 @@ from kubernetes import client
 from batchfill.adapters import informer as informer_module
 from batchfill.adapters import kube as kube_adapter
 from batchfill.adapters.informer import CachedView, ChildCaches, Informer
-from batchfill.controller.status import pod_counts, ready_pod_ips, replicas_managers
+from batchfill.controller.pods import pod_counts, ready_pod_ips
+from batchfill.controller.status import replicas_managers
 from batchfill.render.kube import CHILDREN_SELECTOR, MODEL_LABEL
 
 from .support import Kube, pause_deployment, pods_of, temp_namespace, wait_for

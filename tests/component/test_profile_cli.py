@@ -236,8 +236,8 @@ def test_the_example_model_profiles_into_a_file_batchfill_plan_accepts(
     """The done-when of `batchfill profile`: the shipped example (PP-OCRv4 recognizer, onnxruntime in the Python
     backend) served by the real Triton with its planned config, profiled into its own BatchedModel file."""
     from batchfill.adapters.profiler import default_batch_sizes
+    from batchfill.api.documents import parse_documents
     from batchfill.api.validate import load_model as load_bm
-    from batchfill.api.validate import parse_documents
     from batchfill.policy.plan import plan_batching
     from batchfill.render import render_model_config
 

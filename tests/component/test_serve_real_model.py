@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from batchfill.api.documents import parse_documents
 from batchfill.api.spec import ProfilePoint
-from batchfill.api.validate import load_model, parse_documents
+from batchfill.api.validate import load_model
 from batchfill.cli.serve import ServeReport, serve
 from batchfill.policy.profile import LatencyProfile
 from batchfill.sim.batcher import BatcherConfig, simulate_batcher

@@ -201,7 +201,7 @@ def test_an_unknown_signal_holds_and_says_why_once() -> None:
 
 # -- no I/O in the pure modules ----------------------------------------------------------------------------------
 
-PURE_MODULES = ("desired.py", "status.py")
+PURE_MODULES = ("desired.py", "status.py", "pods.py", "configs.py", "rollout.py")
 IO = ("batchfill.adapters", "kopf", "kubernetes", "tritonclient", "prometheus_client", "prometheus_api_client",
       "requests", "urllib3", "socket", "subprocess", "threading", "time", "logging")  # fmt: skip
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from batchfill.api.reasons import ConditionReason, ConditionType, ScalingReason
-from batchfill.controller.status import NAMED_FAILING_PODS, _ready_condition, pod_counts, pod_failure
+from batchfill.controller.pods import pod_counts, pod_failure
+from batchfill.controller.status import NAMED_FAILING_PODS, _ready_condition
 from batchfill.policy.conditions import find
 
 from .test_controller_loops import (

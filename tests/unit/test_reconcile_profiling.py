@@ -11,8 +11,9 @@ from batchfill.api.errors import SpecError
 from batchfill.api.reasons import ConditionReason, ConditionType, ReplanReason
 from batchfill.api.status import PlannedProfileSource
 from batchfill.controller.desired import adopted_profile, desired_state, profile_hash
+from batchfill.controller.pods import ready_pod_ips
 from batchfill.controller.profiling import profile_tick
-from batchfill.controller.status import changed_fields, children_drift, desired_status, ready_pod_ips
+from batchfill.controller.status import changed_fields, children_drift, desired_status
 from batchfill.policy.conditions import find
 from batchfill.policy.profile_fit import BatchTotals
 from batchfill.render.kube import CONFIG_HASH_ANNOTATION

@@ -8,7 +8,8 @@ from typing import Any
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.reasons import ConditionReason, ConditionType, ScalingReason, SignalsReason
-from batchfill.controller.status import changed_fields, observed_status, pod_counts, replicas_managers
+from batchfill.controller.pods import pod_counts
+from batchfill.controller.status import changed_fields, observed_status, replicas_managers
 from batchfill.policy.signals import ModelSignals, SignalState
 
 

@@ -77,8 +77,9 @@ def read_text(path: str) -> str:
 
 def one_model(path: str, command: str, err: Console) -> BatchedModel | int:
     """The single BatchedModel of ``path``, or the exit code after printing why (one line per problem)."""
+    from batchfill.api.documents import parse_documents
     from batchfill.api.errors import SpecError
-    from batchfill.api.validate import load_model, parse_documents
+    from batchfill.api.validate import load_model
 
     try:
         docs = parse_documents(read_text(path))

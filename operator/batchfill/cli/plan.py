@@ -14,8 +14,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from batchfill.api.documents import parse_documents
 from batchfill.api.errors import Problem, SpecError
-from batchfill.api.validate import load_model, parse_documents
+from batchfill.api.validate import load_model
 from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, input_error, read_text
 from batchfill.policy.plan import PlanResult, plan_batching, replicas_for
 

@@ -35,9 +35,10 @@ from batchfill.adapters.profiler import (
     one_line,
     read_model_info,
 )
+from batchfill.api.documents import parse_documents
 from batchfill.api.errors import SpecError
 from batchfill.api.spec import API_VERSION, KIND, SLASpec
-from batchfill.api.validate import load_model, parse_documents
+from batchfill.api.validate import load_model
 from batchfill.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, err_line, input_error, read_text
 from batchfill.policy.plan import plan_batching
 

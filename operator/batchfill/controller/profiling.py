@@ -35,8 +35,9 @@ from batchfill.api.reasons import EventReason, ReplanReason
 from batchfill.api.spec import BatchedModelSpec, ProfileSource
 from batchfill.api.status import PlannedProfileSource, PlanStatus
 from batchfill.controller.desired import adopted_profile, desired_state, profile_hash
+from batchfill.controller.pods import ready_pod_ips
 from batchfill.controller.reconcile import Event, log_event, reapply
-from batchfill.controller.status import parse_time, ready_pod_ips
+from batchfill.controller.status import parse_time
 from batchfill.policy import conditions as cond
 from batchfill.policy.plan import significant
 from batchfill.policy.profile import LatencyProfile

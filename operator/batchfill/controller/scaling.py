@@ -31,17 +31,16 @@ from batchfill.api.reasons import ConditionType, EventReason, ScalingReason, Sig
 from batchfill.api.spec import ScalingMode
 from batchfill.api.status import ConditionStatus, PlannedProfileSource
 from batchfill.controller.desired import Desired, adopted_profile, desired_state
+from batchfill.controller.pods import PodCounts, pod_counts
 from batchfill.controller.reconcile import SERVICE_MONITOR, Event, apply_service_monitor, log_event, reapply
 from batchfill.controller.rollout import in_place_reason
 from batchfill.controller.status import (
-    PodCounts,
     changed_fields,
     children_drift,
     config_applied_condition,
     desired_status,
     hand_rollback,
     observed_status,
-    pod_counts,
     replicas_managers,
     scaling_conditions,
     stored_votes,
