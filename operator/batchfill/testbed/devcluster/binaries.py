@@ -109,7 +109,7 @@ def ensure_binaries(
 ) -> Path:
     """Return :func:`bin_dir`, running scripts/build-k8s.sh first when something is missing.
 
-    The build (about 25 min cold on 2 cores, about 35 s with a warm Go build cache) writes its output to
+    The build (about 15 min cold on 2 cores, about 35 s with a warm Go build cache) writes its output to
     ``log_path`` (default ``<cache>/<version>/build.log``). Every progress line of the script (which
     component, the elapsed time, the log path; one at least every 30 s) is passed to ``progress`` (default:
     printed unwrapped on ``console``, :func:`progress_printer`), so a build is never silent, on a terminal or
@@ -131,7 +131,7 @@ def ensure_binaries(
     say = progress if progress is not None else printer
     log = log_path or cache_root() / K8S_VERSION / "build.log"
     t0 = time.monotonic()
-    say(f"building {', '.join(missing)} from Go modules (cold: ~25 min on 2 cores, once); log: {log}")
+    say(f"building {', '.join(missing)} from Go modules (cold: ~15 min on 2 cores, once); log: {log}")
     returncode = run_build(script, log, say, kubelet)
     if returncode != 0:
         what = {3: "no usable Go toolchain (Go >= 1.26 needed)"}.get(returncode, "the build failed")
