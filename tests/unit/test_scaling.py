@@ -540,3 +540,17 @@ def test_failing_replicas_change_nothing_when_the_load_fits() -> None:
     d = run(ok(10, fill=0.2), 3, 2, failing=1)
     assert d.reason not in (R.SCALE_OUT_SATURATED, R.HOLD_REPLICAS_FAILING)
     assert d.desired_replicas <= 3
+
+
+def test_a_backlog_the_replicas_cannot_serve_in_time_scales_out_before_queue_time_shows_it() -> None:
+    """Issue 15 item 2: queue time is recorded on completion, so a sudden overload first shows as pending requests.
+    2 Ready replicas at C = 50 rps serve 100 requests per second: 300 waiting is ~3 s of work, far beyond
+    D + T (0.1 + 90 ms)."""
+    lagging = ok(60, fill=0.5, queue=2.0, p99=40.0, pending_requests=300)
+    d = run(lagging, 2)
+    assert (d.reason, d.desired_replicas, d.sla_at_risk) == (R.SCALE_OUT_SLA_AT_RISK, 3, True)
+    assert "backlog 300 requests, ~3e+03 ms to serve" in d.message
+    # a backlog the replicas serve within T (8 requests: 80 ms) is a burst in a batcher's queue
+    calm = run(ok(60, fill=0.5, queue=2.0, p99=40.0, pending_requests=8), 2)
+    assert not calm.sla_at_risk
+    assert calm.reason != R.SCALE_OUT_SLA_AT_RISK

@@ -23,7 +23,10 @@ Rules, the first that applies decides:
    load that has left). The target is ``max(ceil(λ / (u·C)), ready + 1)`` (the load-proportional count,
    README.md#autoscaling), at most doubling per tick (HPA's 100 % scale-up policy), at most max. Queue time ≈ D
    with batches of one is waiting for partners, not for a GPU (docs/field-cases.md#low-concurrency): the queue
-   thresholds sit beyond D, and ``Decision.low_concurrency`` lets the caller say so in a condition.
+   thresholds sit beyond D, and ``Decision.low_concurrency`` lets the caller say so in a condition. Queue time
+   is recorded as requests complete, so it lags a sudden overload; the pending-request gauge does not: a
+   backlog the Ready replicas need ``backlog / (ready·C)`` beyond D ≥ T to serve (Little's law) is SLA at
+   risk too.
    Replicas starting or Pending are capacity on the way: no second step for the same
    evidence (HoldCapacityOnTheWay), none at all while pods are unschedulable (HoldReplicasPending), and none
    while the evidence still covers time before the last replica became Ready (HoldSettling: the signal
@@ -57,6 +60,10 @@ from batchfill.policy.signals import ModelSignals, SignalState
 
 #: Relative band around the current count in which the load-proportional recommendation keeps it (HPA: 0.1).
 TOLERANCE = 0.1
+#: A backlog whose estimated wait beyond D is at least this fraction of T puts the SLA at risk (see decide).
+BACKLOG_RISK_FRACTION = 1.0
+#: Bound of the backlog's estimated wait (ms, a day): a subnormal capacity must not make it infinite.
+MAX_BACKLOG_WAIT_MS = 86_400_000.0
 #: p99 at or above this fraction of T puts the SLA at risk.
 P99_RISK_FRACTION = 0.9
 #: Mean queue time beyond the batching delay at or above this fraction of T puts the SLA at risk. The plan keeps
@@ -299,7 +306,23 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
         and (queue is None or queue - delay_ms >= P99_QUEUE_CORROBORATION_FRACTION * budget)
     )
     queue_risk = budget is not None and queue is not None and queue - delay_ms >= QUEUE_RISK_FRACTION * budget
-    sla_at_risk = metrics_ok and (p99_risk or queue_risk)
+    # Triton records queue time when a request completes, so under a sudden overload the window's averages stay
+    # low while a backlog waits. The pending-request gauge is now: by Little's law the last request in line waits
+    # about backlog / throughput, and the Ready replicas serve at most ready·C at SLA. The gauge is one instant of
+    # a bursty queue, not a window's mean, so only a backlog that takes a whole T beyond D to serve (its last
+    # requests miss the SLA for certain) counts: a Poisson burst at u·C does not reach it.
+    backlog = sig.pending_requests if sig.pending_requests is not None and sig.pending_requests > 0 else 0.0
+    backlog_wait_ms = (
+        min(1000.0 * backlog / (ready * cap), MAX_BACKLOG_WAIT_MS)
+        if cap_ok and ready > 0 and math.isfinite(cap)
+        else None
+    )
+    backlog_risk = (
+        budget is not None
+        and backlog_wait_ms is not None
+        and backlog_wait_ms - delay_ms >= BACKLOG_RISK_FRACTION * budget
+    )
+    sla_at_risk = metrics_ok and (p99_risk or queue_risk or backlog_risk)
     low_concurrency = (
         metrics_ok
         and plan.max_batch_size > 1
@@ -315,6 +338,7 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
         f"load {_fmt(load, ' rps')} on {ready} Ready of {current} replicas at {_fmt(cap if cap_ok else None, ' rps')}"
         f" each (target {u:.0%}: needs {needed:.2f}); fill {_fmt(fill)}, avg batch {_fmt(sig.avg_batch_size)},"
         f" queue {_fmt(queue, ' ms')} (delay {delay_ms:.3g} ms), p99 {_fmt(p99, ' ms')} vs T {_fmt(budget, ' ms')}"
+        + (f"; backlog {backlog:.0f} requests, ~{_fmt(backlog_wait_ms, ' ms')} to serve" if backlog_risk else "")
     )
     in_stab = [h.replicas for h in history if h.time > now - window_s]
     pending_note = f"; {pending} Pending: {rep.pending_reason or 'unschedulable'}" if pending else ""
