@@ -17,7 +17,8 @@ from batchfill.adapters import informer as informer_module
 from batchfill.adapters import kube as kube_adapter
 from batchfill.adapters.informer import CachedView, ChildCaches, Informer
 from batchfill.controller.pods import pod_counts, ready_pod_ips
-from batchfill.controller.status import replicas_managers
+from batchfill.controller.rollout import rolls_in_place
+from batchfill.controller.status import config_hash_managers, replicas_managers
 from batchfill.render.kube import CHILDREN_SELECTOR, MODEL_LABEL
 
 from .support import Kube, pause_deployment, pods_of, temp_namespace, wait_for
@@ -83,7 +84,12 @@ def test_the_caches_answer_like_the_api_and_follow_changes(
             assert dep["spec"]["template"]["metadata"]["labels"] == direct["spec"]["template"]["metadata"]["labels"]
             # trimmed: the loops' readings of the cached objects equal those of the whole objects
             assert replicas_managers(dep) == replicas_managers(direct)
-            assert "spec" not in dep["spec"]["template"]
+            assert config_hash_managers(dep) == config_hash_managers(direct)
+            assert rolls_in_place(dep) == rolls_in_place(direct)
+            assert set(dep["spec"]["template"].get("spec") or {}) <= {"volumes"}  # the config mount, no containers
+            assert dep["spec"]["template"].get("spec", {}).get("volumes") == direct["spec"]["template"]["spec"].get(
+                "volumes"
+            )
             whole = [w for p in pods if (w := ours.get("v1", "Pod", p["metadata"]["name"], ns)) is not None]
             assert pod_counts(pods) == pod_counts(whole)
             assert ready_pod_ips(pods) == ready_pod_ips(whole)
