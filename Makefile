@@ -53,7 +53,7 @@ test: $(STAMP) tools
 # The main job: local control plane with fake GPU nodes, the operator, the example BatchedModel, one real
 # tritonserver per Ready Triton pod under Poisson load. Builds the control plane first when it is missing.
 demo: $(STAMP)
-	$(BIN)/batchfill demo
+	$(BIN)/batchfill demo $(if $(REAL),--real-nodes)
 
 # One real tritonserver without Kubernetes: measure the example model, plan, serve at 90 % of capacity.
 serve: $(STAMP)

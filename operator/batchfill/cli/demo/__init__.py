@@ -131,6 +131,8 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     work = Path(tempfile.mkdtemp(prefix="run-", dir=base))
     shutdown.on_exit("remove the working directory", LOCAL_STEP_S, _remove_work, work, shutdown)
     t0 = time.monotonic()
+    if options.real_nodes:
+        return _run_real(options, work, shutdown, console, t0)
     kubeconfig, made = _cluster(options, work, shutdown, console)
 
     operator_log = work / "operator.log"
@@ -187,15 +189,27 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     return result
 
 
+def _run_real(options: DemoOptions, work: Path, shutdown: Shutdown, console: Console, t0: float) -> DemoResult:
+    """``--real-nodes``: the demo on real pods (:mod:`.real`)."""
+    from batchfill.cli.demo.real import run_real
+
+    return run_real(options, work, shutdown, console, t0)
+
+
 def _install_and_run_operator(
-    kubeconfig: Path, work: Path, operator_log: Path, shutdown: Shutdown, console: Console
+    kubeconfig: Path,
+    work: Path,
+    operator_log: Path,
+    shutdown: Shutdown,
+    console: Console,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """deploy/base's CRD and RBAC applied, then ``batchfill run`` as the install's ServiceAccount (stopped by
-    ``shutdown``)."""
+    ``shutdown``), with ``env`` added to its environment."""
     install_operator_rbac(kubeconfig, work)
     console.log("installed the CRD, ServiceAccount and least-privilege RBAC from deploy/base")
     operator = shutdown.enter(
-        operator_as_service_account(kubeconfig, work, operator_log),
+        operator_as_service_account(kubeconfig, work, operator_log, env=env),
         "stop the operator",
         OPERATOR_STOP_GRACE_S + OPERATOR_KILL_WAIT_S,
     )
