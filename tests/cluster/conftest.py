@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from batchfill.testbed import devcluster
+from batchfill.testbed import devcluster, gpu_plugin
 
 from .support import Kube, skip_or_fail
 
@@ -40,13 +40,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Build the control-plane binaries before any test runs (not inside a test's timeout) when needed."""
+    """Build the control-plane binaries (and for real nodes the kubelet and the fake-GPU device plugin) before any
+    test runs (not inside a test's timeout) when needed."""
     if USE_EXISTING or not any(item.get_closest_marker("cluster") for item in items):
         return
     # The kubelet only for the real-node tests (their modules set NEEDS_KUBELET).
     kubelet = any(getattr(getattr(item, "module", None), "NEEDS_KUBELET", False) for item in items)
     missing = devcluster.missing_binaries(kubelet=kubelet)
-    if not missing:
+    if not missing and not kubelet:
         return
     tr = config.pluginmanager.get_plugin("terminalreporter")
     log = devcluster.cache_root() / devcluster.K8S_VERSION / "build.log"
@@ -59,6 +60,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = devcluster.ensure_binaries(
             Console(stderr=True, quiet=True), log_path=log, progress=progress, kubelet=kubelet
         )
+        if kubelet:  # the real nodes' fake-GPU device plugin: its --check is instant, a build seconds warm
+            gpu_plugin.ensure_fake_gpu_plugin(Console(stderr=True, quiet=True), progress=progress)
     except devcluster.BinariesUnavailableError as e:
         config.stash[BUILD_ERROR] = str(e)
         if tr is not None:

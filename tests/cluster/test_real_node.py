@@ -3,7 +3,10 @@
 CIDR, ``kubectl logs`` works, its HTTP server answers from the root namespace -> ``cluster_down`` -> nothing the
 node made is left (:func:`batchfill.testbed.node.leftovers`, and an independent look at /proc/mounts, the
 network namespaces, the links, the cgroup directories and the kernel sysctls a kubelet would change). The second
-test runs ``up`` and ``down`` as separate commands with a crash of the node's kubelet and containerd between.
+test runs ``up`` and ``down`` as separate commands with a crash of the node's kubelet and containerd between. The
+third goes through the node's fake GPUs: the kubelet advertises what the fake-GPU device plugin registered, a pod
+gets a device's ID in ``NVIDIA_VISIBLE_DEVICES``, a pod asking for more than are free waits with the scheduler's
+reason until the first is deleted, and the plugin registers again after the kubelet restarts.
 
 This test starts a cluster of its own (the session's ``kube`` cluster has no real nodes). It needs root
 (network namespaces, mounts, cgroups) and the Debian packages of the Makefile's DEB_PACKAGES.
@@ -26,8 +29,10 @@ import pytest
 from kubernetes import client
 
 from batchfill.testbed import devcluster
+from batchfill.testbed.devcluster.nodes import GPU_PRODUCT, GPU_RESOURCE, gpu_labels
 from batchfill.testbed.devcluster.state import ClusterState
-from batchfill.testbed.node import REAL_NODE_LABEL, RealNodes, leftovers, real_nodes
+from batchfill.testbed.gpu_plugin import device_ids
+from batchfill.testbed.node import REAL_NODE_LABEL, RealNodes, gpus_allocatable, leftovers, real_nodes, restart_kubelet
 from batchfill.testbed.node.cleanup import pids_in_netns
 from batchfill.testbed.node.images import busybox_image
 
@@ -39,6 +44,8 @@ NEEDS_KUBELET = True
 
 SYSCTLS = ("kernel.panic", "kernel.panic_on_oops", "vm.overcommit_memory", "net.ipv4.ip_forward")
 HTTP_PORT = 8080
+#: Fake GPUs per real node (cluster_up's default real_node_gpus).
+GPUS = 4
 
 
 def _sysctls() -> dict[str, str]:
@@ -221,4 +228,115 @@ def test_down_in_another_process_after_the_kubelet_and_containerd_crashed(
     finally:
         if run_dir.exists():
             devcluster.cluster_down(run_dir, quiet=True)
+    _assert_nothing_left(real, run_dir, machine_before)
+
+
+def _gpu_pod(name: str, image: str, gpus: int) -> dict[str, Any]:
+    """A busybox pod asking for ``gpus`` nvidia.com/gpu on a real node of the product the GPU labels name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {REAL_NODE_LABEL: "real", "nvidia.com/gpu.product": GPU_PRODUCT},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main", "image": image, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "env; exec sleep 3600"],
+                "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+            }],
+        },
+    }  # fmt: skip
+
+
+def _gpu_owners(node: Any) -> set[str]:
+    """The field managers that own ``status.capacity["nvidia.com/gpu"]`` of ``node``."""
+    return {
+        m.manager
+        for m in node.metadata.managed_fields or []
+        if '"f:nvidia.com/gpu"' in str(m.fields_v1).replace("'", '"') and "f:capacity" in str(m.fields_v1)
+    }
+
+
+def _visible_devices(info: devcluster.ClusterInfo, pod: str) -> list[str]:
+    out = devcluster.kubectl(info, "exec", pod, "--", "/bin/sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES").stdout
+    return out.strip().split(",")
+
+
+def _registrations(log: Path) -> int:
+    return log.read_text().count(f"registered {GPUS} {GPU_RESOURCE}")
+
+
+def test_real_node_gpus_come_from_the_device_plugin(
+    real_cluster: tuple[devcluster.ClusterInfo, Path], machine_before: dict[str, Any]
+) -> None:
+    info, run_dir = real_cluster
+    (node,) = real_nodes(run_dir)
+    assert node.gpus == GPUS
+    plugin = node.processes["gpu-plugin"]
+    assert plugin.alive()
+    ids = device_ids(node.name, GPUS)
+    image = busybox_image()[0]
+    plugin_log = node.log_path("gpu-plugin")
+    assert _registrations(plugin_log) == 1
+    with devcluster.api_client(info.kubeconfig) as api:
+        core: Any = client.CoreV1Api(api)
+        # (a) capacity and allocatable come from the kubelet's device manager, not from a patch of ours.
+        n = core.read_node(node.name)
+        assert n.status.capacity[GPU_RESOURCE] == str(GPUS)
+        assert n.status.allocatable[GPU_RESOURCE] == str(GPUS)
+        assert _gpu_owners(n) == {"kubelet"}, [m.manager for m in n.metadata.managed_fields]
+        assert gpu_labels(GPUS).items() <= n.metadata.labels.items()
+
+        # (b) one GPU: the container sees the device's ID as from the NVIDIA plugin.
+        t0 = time.monotonic()
+        core.create_namespaced_pod("default", _gpu_pod("gpu-one", image, 1))
+        wait_for("pod gpu-one Running", lambda: core.read_namespaced_pod("gpu-one", "default").status.phase
+                 == "Running", timeout_s=120)  # fmt: skip
+        print(f"1-GPU pod Running {time.monotonic() - t0:.1f} s after create")
+        (one,) = _visible_devices(info, "gpu-one")
+        assert one in ids
+        logs = wait_for("env in the log of gpu-one", lambda: devcluster.kubectl(info, "logs", "gpu-one").stdout)
+        assert f"NVIDIA_VISIBLE_DEVICES={one}" in logs.split()
+        assert "BATCHFILL_FAKE_GPU=1" in logs.split()
+
+        # (c) all GPUs while one is taken: Pending with the scheduler's reason, scheduled once it is freed.
+        core.create_namespaced_pod("default", _gpu_pod("gpu-all", image, GPUS))
+
+        def unschedulable() -> Any:
+            pod = core.read_namespaced_pod("gpu-all", "default")
+            cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+            return cond if cond is not None and cond.status == "False" else None
+
+        cond = wait_for("gpu-all Unschedulable", unschedulable)
+        assert cond.reason == "Unschedulable", cond
+        assert f"Insufficient {GPU_RESOURCE}" in cond.message, cond
+        assert core.read_namespaced_pod("gpu-all", "default").spec.node_name is None
+        t0 = time.monotonic()
+        core.delete_namespaced_pod("gpu-one", "default", grace_period_seconds=0)
+        wait_for("pod gpu-all Running", lambda: core.read_namespaced_pod("gpu-all", "default").status.phase
+                 == "Running", timeout_s=120)  # fmt: skip
+        print(f"{GPUS}-GPU pod Running {time.monotonic() - t0:.1f} s after the 1-GPU pod was deleted")
+        assert sorted(_visible_devices(info, "gpu-all")) == sorted(ids)
+
+    # (d) the kubelet restarts: the plugin (the same process) serves and registers again.
+    t0 = time.monotonic()
+    new = restart_kubelet(run_dir, node.name, die_with_parent=True)
+    assert new.pid != node.processes["kubelet"].pid
+    wait_for("the plugin registered again", lambda: _registrations(plugin_log) >= 2, timeout_s=120)
+    t_reg = time.monotonic() - t0
+    wait_for(f"{GPU_RESOURCE}={GPUS} allocatable again", lambda: gpus_allocatable(info.kubeconfig, {node.name: GPUS}),
+             timeout_s=120)  # fmt: skip
+    print(f"kubelet restart: plugin registered again {t_reg:.1f} s, allocatable {GPUS} {time.monotonic() - t0:.1f} s "
+          "after SIGTERM")  # fmt: skip
+    assert plugin.alive()
+    assert real_nodes(run_dir)[0].processes["gpu-plugin"].pid == plugin.pid
+    assert "serving and registering again" in plugin_log.read_text()
+    state = ClusterState.load(run_dir)
+    assert state is not None
+    real = RealNodes.from_record(state.real_nodes)
+    assert real.running(1, GPUS)
+
+    devcluster.cluster_down(run_dir, quiet=True)
+    assert not plugin.alive()
     _assert_nothing_left(real, run_dir, machine_before)

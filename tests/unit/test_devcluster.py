@@ -403,3 +403,27 @@ def test_cluster_state_keeps_the_pod_block(tmp_path: Path) -> None:
     legacy = ClusterState.load(tmp_path)
     assert legacy is not None
     assert legacy.pod_block == ""
+
+
+def test_real_node_gpus_reach_cluster_up_and_a_negative_count_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dev-cluster up --real-node-gpus K`` is cluster_up's ``real_node_gpus`` (default 4); K < 0 fails before
+    anything starts."""
+    from batchfill.cli.main import main
+
+    seen: list[dict[str, object]] = []
+
+    def fake_up(*args: object, **kwargs: object) -> None:
+        seen.append(kwargs)
+        raise devcluster.DevClusterError("stop here")
+
+    monkeypatch.setattr(devcluster, "cluster_up", fake_up)
+    run = str(tmp_path / "run")
+    assert main(["dev-cluster", "up", "--run-dir", run, "--real-nodes", "1", "--real-node-gpus", "2"]) == 1
+    assert main(["dev-cluster", "up", "--run-dir", run, "--real-nodes", "1"]) == 1
+    assert [(k["real_nodes"], k["real_node_gpus"]) for k in seen] == [(1, 2), (1, 4)]
+    monkeypatch.undo()
+    with pytest.raises(devcluster.DevClusterError, match="real_node_gpus must be >= 0"):
+        devcluster.cluster_up(tmp_path / "run", 0, 0, real_nodes=1, real_node_gpus=-1, quiet=True)
+    assert not (tmp_path / "run").exists()

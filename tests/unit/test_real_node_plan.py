@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import os
 import tomllib
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from batchfill.testbed.devcluster.nodes import fake_node, gpu_labels
 from batchfill.testbed.devcluster.state import ClusterState
 from batchfill.testbed.node import cgroups, cni, containerd, kubelet, mountns
 from batchfill.testbed.node.cleanup import leftovers, mounts_under, sysctl_changes
 from batchfill.testbed.node.lifecycle import RealNodeError, check_plans
 from batchfill.testbed.node.plan import MAX_REAL_NODES, AddressPlanError, overlaps, plan_node, plan_nodes
 from batchfill.testbed.node.record import RealNode, RealNodes
-from batchfill.testbed.process import Process
+from batchfill.testbed.process import Process, proc_stat
 
 
 def test_plan_of_the_first_two_nodes() -> None:
@@ -127,6 +129,16 @@ def test_kubelet_config_fields_that_matter_here() -> None:
     assert "--node-ip=10.7.0.2" in argv
     assert "--hostname-override=real-node-0" in argv
     assert "--node-labels=batchfill.dev/node=real" in argv
+    assert conf["nodeStatusUpdateFrequency"] == "2s"
+    gpu = kubelet.command(Path("/b/kubelet"), plan, Path("c.yaml"), Path("k"), root, Path("/r/pki2"), gpu_labels(4))
+    (labels,) = [a.removeprefix("--node-labels=") for a in gpu if a.startswith("--node-labels=")]
+    assert dict(kv.split("=", 1) for kv in labels.split(",")) == {
+        "batchfill.dev/node": "real", "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
+        "node.kubernetes.io/instance-type": "fake-4x-a100",
+    }  # fmt: skip
+    # The kwok GPU nodes carry the same labels.
+    assert gpu_labels(4).items() <= fake_node("gpu-node-0", 0, 4, "127.9.0.0/16")["metadata"]["labels"].items()
     assert kubelet.node_subject("real-node-0") == "/O=system:nodes/CN=system:node:real-node-0"
 
 
@@ -189,7 +201,29 @@ def test_real_nodes_record_round_trips_through_the_cluster_state(tmp_path: Path)
     assert n.device_plugin_dir == tmp_path / "real-node-0" / "kubelet" / "device-plugins"
     assert n.processes["kubelet"].record() == {"pid": 123, "start_ticks": 456, "exe": "/b/kubelet"}
     assert not back.running(1)  # PID 123 is not that kubelet
+    assert n.gpus == 0
+    assert n.expected_processes == ("apiproxy", "containerd", "kubelet")
     assert RealNodes.from_record({}).nodes == []
+
+
+def test_a_node_with_gpus_records_them_and_runs_the_device_plugin(tmp_path: Path) -> None:
+    """``running`` needs the ``gpu-plugin`` process of a node with GPUs, alive, and the asked GPU count."""
+    node = RealNode(plan_node(21, 0), tmp_path / "real-node-0", gpus=4)
+    assert node.expected_processes == ("apiproxy", "containerd", "kubelet", "gpu-plugin")
+    back = RealNodes.from_record(RealNodes([node]).record()).nodes[0]
+    assert back.gpus == 4
+    stat = proc_stat(os.getpid())
+    assert stat is not None
+    argv0 = Path("/proc/self/cmdline").read_bytes().split(b"\0")[0].decode()
+    alive = Process(pid=os.getpid(), start_ticks=int(stat[19]), exe=argv0)  # this test's own process
+    assert alive.alive()
+    node.processes = dict.fromkeys(("apiproxy", "containerd", "kubelet"), alive)
+    real = RealNodes([node])
+    assert not real.running(1)  # no device plugin
+    node.processes["gpu-plugin"] = alive
+    assert real.running(1)
+    assert real.running(1, 4)
+    assert not real.running(1, 2)  # another GPU count: cluster_up starts afresh
 
 
 def test_leftovers_of_a_node_that_made_nothing_is_only_a_changed_sysctl(tmp_path: Path) -> None:

@@ -36,10 +36,12 @@ def dev_cluster_main(
     gpus_per_node: int = 4,
     cpu_nodes: int = 0,
     real_nodes: int = 0,
+    real_node_gpus: int = 4,
     build: bool = True,
     console: Console | None = None,
 ) -> int:
-    """``up`` (start or reuse; ``real_nodes``: kubelet + containerd nodes), ``down`` (stop, remove everything,
+    """``up`` (start or reuse; ``real_nodes``: kubelet + containerd nodes with ``real_node_gpus`` fake GPUs each
+    from a device plugin), ``down`` (stop, remove everything,
     the run dir too), ``status``, ``build`` (binaries only).
 
     Progress goes to stderr; the kubeconfig and the ``export`` line to stdout. Returns the exit code:
@@ -51,8 +53,9 @@ def dev_cluster_main(
     try:
         if action == "up":
             info = devcluster.cluster_up(
-                run, gpu_nodes, gpus_per_node, cpu_nodes=cpu_nodes, console=err, build=build, real_nodes=real_nodes
-            )
+                run, gpu_nodes, gpus_per_node, cpu_nodes=cpu_nodes, console=err, build=build, real_nodes=real_nodes,
+                real_node_gpus=real_node_gpus,
+            )  # fmt: skip
             _print_info(info, out)
             err.print(f"stop it with: batchfill dev-cluster down{'' if run_dir is None else f' --run-dir {run}'}")
             return 0

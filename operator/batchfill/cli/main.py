@@ -86,6 +86,7 @@ def cmd_dev_cluster(args: argparse.Namespace, out: Console, err: Console) -> int
         gpus_per_node=args.gpus_per_node,
         cpu_nodes=args.cpu_nodes,
         real_nodes=args.real_nodes,
+        real_node_gpus=args.real_node_gpus,
         build=not args.no_build,
         console=err,
     )
@@ -201,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--real-nodes", type=int, default=0,
         help="real nodes (kubelet + containerd, each in its own network namespace; needs root) (default 0)",
+    )  # fmt: skip
+    d.add_argument(
+        "--real-node-gpus", type=int, default=4,
+        help="fake nvidia.com/gpu per real node, advertised to its kubelet by a device plugin; 0: none (default 4)",
     )  # fmt: skip
     d.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
     d.set_defaults(func=cmd_dev_cluster)

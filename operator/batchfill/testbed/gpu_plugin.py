@@ -28,11 +28,11 @@ from batchfill.testbed.devcluster.binaries import (
     K8S_VERSION,
     SOURCE_ROOT,
     BinariesUnavailableError,
-    _run_build,  # the same build runner (log file, progress lines) as the control plane's
     bin_dir,
     cache_root,
     default_console,
     progress_printer,
+    run_build,
 )
 from batchfill.testbed.devcluster.nodes import GPU_RESOURCE
 from batchfill.testbed.process import Process, tail
@@ -61,11 +61,12 @@ def device_ids(node: str, count: int) -> list[str]:
 def ensure_fake_gpu_plugin(
     console: Console | None = None,
     *,
+    build: bool = True,
     log_path: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Return :func:`plugin_path`, running scripts/build-fake-gpu-plugin.sh first when the binary is missing or
-    was built from other source.
+    was built from other source (``build`` False: raise instead of building).
 
     Seconds with a warm Go build cache, about a minute cold. The build's output goes to ``log_path`` (default
     ``<cache>/<k8s version>/build-fake-gpu.log``) and its progress lines to ``progress`` (default: printed on
@@ -83,9 +84,11 @@ def ensure_fake_gpu_plugin(
     check = subprocess.run(["bash", str(script), "--check"], env=env, stdin=subprocess.DEVNULL, check=False)
     if check.returncode == 0:
         return plugin_path()
+    if not build:
+        raise BinariesUnavailableError(f"{plugin_path()} is missing or stale: run {script}")
     say = progress if progress is not None else progress_printer(default_console(console))
     log = log_path or cache_root() / K8S_VERSION / "build-fake-gpu.log"
-    returncode = _run_build(script, log, say)
+    returncode = run_build(script, log, say)
     if returncode != 0:
         what = {3: "no usable Go toolchain (Go >= 1.26 needed)"}.get(returncode, "the build failed")
         raise BinariesUnavailableError(

@@ -132,7 +132,7 @@ def ensure_binaries(
     log = log_path or cache_root() / K8S_VERSION / "build.log"
     t0 = time.monotonic()
     say(f"building {', '.join(missing)} from Go modules (cold: ~25 min on 2 cores, once); log: {log}")
-    returncode = _run_build(script, log, say, kubelet)
+    returncode = run_build(script, log, say, kubelet)
     if returncode != 0:
         what = {3: "no usable Go toolchain (Go >= 1.26 needed)"}.get(returncode, "the build failed")
         raise BinariesUnavailableError(
@@ -146,8 +146,10 @@ def ensure_binaries(
     return bin_dir()
 
 
-def _run_build(script: Path, log: Path, say: Callable[[str], None], kubelet: bool = False) -> int:
-    """Run the build script with its output appended to ``log``; pass on its progress lines; its exit code."""
+def run_build(script: Path, log: Path, say: Callable[[str], None], kubelet: bool = False) -> int:
+    """Run the build script ``script`` (scripts/build-k8s.sh, scripts/build-fake-gpu-plugin.sh) with its output
+    appended to ``log`` and the cache's settings in its environment; pass each of its ``[build-...]`` progress lines
+    to ``say``; return its exit code (``kubelet``: ``BATCHFILL_BUILD_KUBELET=1``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(

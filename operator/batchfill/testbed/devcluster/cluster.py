@@ -84,11 +84,25 @@ def cluster_status(run_dir: Path) -> ClusterInfo | None:
     return state.info(run_dir, reused=True)
 
 
-def _real_nodes_running(state: ClusterState | None, count: int) -> bool:
-    """``state`` records exactly ``count`` real nodes and all their processes run (0: none recorded)."""
+def _real_nodes_running(state: ClusterState | None, count: int, gpus: int | None = None) -> bool:
+    """``state`` records exactly ``count`` real nodes with ``gpus`` fake GPUs each (None: any) and all their
+    processes run (0: none recorded)."""
     from batchfill.testbed.node.record import RealNodes  # lazy: batchfill.testbed.node imports this package
 
-    return state is not None and RealNodes.from_record(state.real_nodes).running(count)
+    return state is not None and RealNodes.from_record(state.real_nodes).running(count, gpus)
+
+
+def _reusable(run: Path, real_nodes: int, real_node_gpus: int) -> ClusterInfo | None:
+    """The running cluster of ``run`` when its real nodes are ``real_nodes`` with ``real_node_gpus`` GPUs each
+    (else None: start afresh). Raises :class:`DevClusterError` for a negative GPU count or a foreign ``run``."""
+    if real_node_gpus < 0:
+        raise DevClusterError(f"real_node_gpus must be >= 0, got {real_node_gpus}")
+    check_run_dir(run)
+    existing = cluster_status(run)
+    gpus = real_node_gpus if real_nodes else None
+    if existing is not None and not _real_nodes_running(ClusterState.load(run), real_nodes, gpus):
+        return None
+    return existing
 
 
 def _stop_all(state: ClusterState) -> tuple[list[str], list[str]]:
@@ -114,6 +128,7 @@ def cluster_up(
     die_with_parent: bool = False,
     timeout_s: float = 240.0,
     real_nodes: int = 0,
+    real_node_gpus: int = 4,
 ) -> ClusterInfo:
     """Start the local cluster in ``run_dir`` (or reuse the one running there) and return where it is.
 
@@ -126,6 +141,9 @@ def cluster_up(
         timeout_s: how long to wait for the API server (each later wait gets at most this too).
         real_nodes: real nodes ``real-node-<i>`` (kubelet + containerd, label ``batchfill.dev/node=real``) that run
             real containers, each in its own network namespace (:mod:`batchfill.testbed.node`); waited Ready.
+        real_node_gpus: fake ``nvidia.com/gpu`` devices of each real node, advertised to its kubelet by a
+            ``batchfill-fake-gpu`` device plugin (:mod:`batchfill.testbed.gpu_plugin`, built when missing: seconds
+            with a warm Go cache); waited until the kubelet shows them allocatable. 0: no plugin.
 
     A cluster recorded in ``run_dir`` that is fully alive and ready is reused (its fake nodes are brought to
     the requested set; its pods' address block stays); anything else there is stopped by PID and the directory
@@ -137,10 +155,7 @@ def cluster_up(
     con = default_console(console, quiet)
     t0 = time.monotonic()
 
-    check_run_dir(run)
-    existing = cluster_status(run)
-    if existing is not None and not _real_nodes_running(ClusterState.load(run), real_nodes):
-        existing = None  # another number of real nodes: start afresh
+    existing = _reusable(run, real_nodes, real_node_gpus)
     if existing is not None:
         state = _reuse(existing, desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes, pod_block=existing.pod_block),
                        con, timeout_s)  # fmt: skip
@@ -154,6 +169,7 @@ def cluster_up(
         _stop_all(old)
 
     bins = ensure_binaries(con, build=build, kubelet=real_nodes > 0)
+    plugin = _ensure_plugin(con, build) if real_nodes and real_node_gpus else None
     prepare_run_dir(run)
     block = claim_pod_block(run)  # drops an earlier claim of this run directory
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
@@ -166,7 +182,7 @@ def cluster_up(
         _start(state, run, desired_nodes(gpu_nodes, gpus_per_node, cpu_nodes, pod_block=block), con, timeout_s,
                die_with_parent)  # fmt: skip
         if real_nodes:
-            _start_real_nodes(state, run, real_nodes, con, timeout_s, die_with_parent)
+            _start_real_nodes(state, run, real_nodes, con, timeout_s, die_with_parent, real_node_gpus, plugin)
     except BaseException:
         survivors, problems = _stop_all(state)
         for line in problems:
@@ -181,8 +197,22 @@ def cluster_up(
     return info
 
 
+def _ensure_plugin(con: Console, build: bool) -> Path:
+    """The fake-GPU device plugin's binary, built when missing or stale (``build`` False: raise instead)."""
+    from batchfill.testbed.gpu_plugin import ensure_fake_gpu_plugin  # lazy: it imports this package
+
+    return ensure_fake_gpu_plugin(con, build=build)
+
+
 def _start_real_nodes(
-    state: ClusterState, run: Path, count: int, con: Console, timeout_s: float, die_with_parent: bool
+    state: ClusterState,
+    run: Path,
+    count: int,
+    con: Console,
+    timeout_s: float,
+    die_with_parent: bool,
+    gpus: int,
+    plugin: Path | None,
 ) -> None:
     from batchfill.testbed.node import RealNodes, start_real_nodes
 
@@ -192,7 +222,8 @@ def _start_real_nodes(
 
     start_real_nodes(count, run_dir=run, pod_block=state.pod_block, apiserver_port=state.ports["apiserver"],
                      bin_dir=Path(state.bin_dir), admin_kubeconfig=Path(state.kubeconfig), save=save, con=con,
-                     timeout_s=timeout_s, die_with_parent=die_with_parent)  # fmt: skip
+                     timeout_s=timeout_s, die_with_parent=die_with_parent, gpus=gpus,
+                     plugin_bin=plugin)  # fmt: skip
 
 
 def _reuse(existing: ClusterInfo, nodes: list[dict[str, Any]], con: Console, timeout_s: float) -> ClusterState:

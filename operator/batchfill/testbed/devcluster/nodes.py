@@ -26,6 +26,19 @@ GPU_PRODUCT = "NVIDIA-A100-SXM4-80GB"
 NODE_IP_PREFIX = "10.240.0."
 
 
+def gpu_labels(gpus: int) -> dict[str, str]:
+    """The labels NVIDIA's GPU feature discovery puts on a node with ``gpus`` GPUs (of :data:`GPU_PRODUCT`, 80 GiB
+    each: ``nvidia.com/gpu.memory`` is in MiB), and an instance type; the fake GPU nodes and the real nodes with
+    fake GPUs carry them, so pods that select GPU nodes by them schedule in the dev cluster."""
+    return {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/gpu.product": GPU_PRODUCT,
+        "nvidia.com/gpu.memory": "81920",
+        "node.kubernetes.io/instance-type": f"fake-{gpus}x-a100",
+    }
+
+
 def fake_node(name: str, index: int, gpus: int, pod_block: ipaddress.IPv4Network | str) -> dict[str, Any]:
     """A kwok-managed Node; with ``gpus > 0`` it advertises ``nvidia.com/gpu`` and GPU-feature-discovery labels.
 
@@ -41,13 +54,7 @@ def fake_node(name: str, index: int, gpus: int, pod_block: ipaddress.IPv4Network
     }
     capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "500Gi"}
     if gpus > 0:
-        labels |= {
-            "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.count": str(gpus),
-            "nvidia.com/gpu.product": GPU_PRODUCT,
-            "nvidia.com/gpu.memory": "81920",
-            "node.kubernetes.io/instance-type": f"fake-{gpus}x-a100",
-        }
+        labels |= gpu_labels(gpus)
         capacity[GPU_RESOURCE] = str(gpus)
     return {
         "apiVersion": "v1",

@@ -1,10 +1,12 @@
 """Real nodes of the dev cluster: a kubelet and containerd per node, each node in its own network namespace.
 
 ``cluster_up(..., real_nodes=N)`` (``batchfill dev-cluster up --real-nodes N``) adds nodes ``real-node-<i>``
-labelled ``batchfill.dev/node=real`` that run real containers; ``cluster_down`` removes everything they made
-and reports what it could not (:func:`leftovers`). :func:`real_nodes` reads them back from a run directory
-(``RealNode.device_plugin_dir`` is where a device plugin registers with the node's kubelet) and
-:func:`import_image` puts an image archive into a node's containerd.
+labelled ``batchfill.dev/node=real`` that run real containers, each with ``real_node_gpus`` fake ``nvidia.com/gpu``
+advertised to its kubelet by the fake-GPU device plugin (:mod:`batchfill.testbed.gpu_plugin`); ``cluster_down``
+removes everything they made and reports what it could not (:func:`leftovers`). :func:`real_nodes` reads them back
+from a run directory (``RealNode.device_plugin_dir`` is where a device plugin registers with the node's kubelet),
+:func:`import_image` puts an image archive into a node's containerd and :func:`restart_kubelet` restarts a node's
+kubelet.
 
 Every connection stays on loopback or inside namespaces the test bed made: node ``i`` has the address
 ``10.<a>.0.<4i+2>`` in its own namespace ``bf-<a>-<i>``, reached through a veth pair from the root namespace, its
@@ -20,7 +22,14 @@ image), ``cgroups`` (the kubelet's cgroup root), ``mountns`` (private views of f
 """
 
 from batchfill.testbed.node.cleanup import leftovers, teardown, teardown_all
-from batchfill.testbed.node.lifecycle import RealNodeError, import_image, real_nodes, start_real_nodes
+from batchfill.testbed.node.lifecycle import (
+    RealNodeError,
+    gpus_allocatable,
+    import_image,
+    real_nodes,
+    restart_kubelet,
+    start_real_nodes,
+)
 from batchfill.testbed.node.plan import REAL_NODE_LABEL, NodePlan, plan_node, plan_nodes
 from batchfill.testbed.node.record import RealNode, RealNodes
 
@@ -30,11 +39,13 @@ __all__ = [
     "RealNode",
     "RealNodeError",
     "RealNodes",
+    "gpus_allocatable",
     "import_image",
     "leftovers",
     "plan_node",
     "plan_nodes",
     "real_nodes",
+    "restart_kubelet",
     "start_real_nodes",
     "teardown",
     "teardown_all",

@@ -1,10 +1,10 @@
 """Removing a real node and everything it made, and the inventory of what is left (:func:`leftovers`).
 
-:func:`teardown` works from the state file alone (another process, after a crash): it stops the kubelet, then
-containerd, then SIGKILLs whatever still runs in the node's network namespace or its cgroups (container shims,
-containers), then stops the API forwarder; it unmounts everything under the node's directory (detached: a busy
-mount goes as soon as it is free), deletes the network (root route, veth, the namespace with its CNI bridge and
-the pods' interfaces), removes the cgroups, and puts back any watched sysctl that changed.
+:func:`teardown` works from the state file alone (another process, after a crash): it stops the device plugin, the
+kubelet, then containerd, then SIGKILLs whatever still runs in the node's network namespace or its cgroups
+(container shims, containers), then stops the API forwarder; it unmounts everything under the node's directory
+(detached: a busy mount goes as soon as it is free), deletes the network (root route, veth, the namespace with its
+CNI bridge and the pods' interfaces), removes the cgroups, and puts back any watched sysctl that changed.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _running(pid: int) -> bool:
 def teardown(node: RealNode) -> list[str]:
     """Stop and remove real node ``node`` (module docstring). Returns what could not be removed."""
     problems = []
-    for name in ("kubelet", "containerd"):
+    for name in ("gpu-plugin", "kubelet", "containerd"):
         p = node.processes.get(name)
         if p is not None and stop_all([p], STOP_GRACE_S, kill_wait_s=KILL_WAIT_S):
             problems.append(f"{p.name} (pid {p.pid}) survived SIGKILL")

@@ -10,11 +10,13 @@ Fields, per https://kubernetes.io/docs/reference/config-api/kubelet-config.v1bet
 (``failCgroupV1: false``, the cgroupfs driver, the node's own ``cgroupRoot``); ``protectKernelDefaults: true`` so
 the kubelet never changes a kernel sysctl (it would set ``vm.overcommit_memory``, ``kernel.panic``,
 ``kernel.panic_on_oops`` and the ``kernel.keys`` limits otherwise); eviction thresholds near zero and image
-garbage collection off (small disks); no read-only port.
+garbage collection off (small disks); no read-only port; the node status computed every 2 s, so a device plugin's
+devices show in ``status.allocatable`` soon after it registers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,9 @@ def kubelet_config(plan: NodePlan, root_dir: Path, client_ca: Path, runtime_sock
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
         "maxPods": 110,
+        # How often the kubelet computes its node status (default 10 s) and posts it when it changed: the GPUs a
+        # device plugin registers reach status.allocatable within this, at up, after a kubelet restart.
+        "nodeStatusUpdateFrequency": "2s",
     }
 
 
@@ -80,10 +85,21 @@ def node_subject(name: str) -> str:
     return f"/O=system:nodes/CN=system:node:{name}"
 
 
-def command(kubelet: Path, plan: NodePlan, config: Path, kubeconfig: Path, root_dir: Path, cert_dir: Path) -> list[str]:
-    """The kubelet's command line (flags that have no KubeletConfiguration field)."""
+def command(
+    kubelet: Path,
+    plan: NodePlan,
+    config: Path,
+    kubeconfig: Path,
+    root_dir: Path,
+    cert_dir: Path,
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The kubelet's command line (flags that have no KubeletConfiguration field). The node registers with the
+    label ``batchfill.dev/node=real`` and ``labels`` (the GPU labels of a node with fake GPUs: outside the
+    ``kubernetes.io`` prefixes the NodeRestriction admission plugin keeps from kubelets, or in its allowed ones)."""
+    node_labels = {REAL_NODE_LABEL: "real", **(labels or {})}
     return [
         str(kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}", f"--root-dir={root_dir}",
         f"--cert-dir={cert_dir}", f"--node-ip={plan.node_ip}", f"--hostname-override={plan.name}",
-        f"--node-labels={REAL_NODE_LABEL}=real",
+        "--node-labels=" + ",".join(f"{k}={v}" for k, v in node_labels.items()),
     ]  # fmt: skip

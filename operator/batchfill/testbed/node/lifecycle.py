@@ -12,7 +12,7 @@ import functools
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,10 @@ from rich.console import Console
 
 from batchfill.testbed.devcluster.binaries import DevClusterError
 from batchfill.testbed.devcluster.kubeconfig import api_client, write_kubeconfig
-from batchfill.testbed.devcluster.nodes import nodes_ready
+from batchfill.testbed.devcluster.nodes import GPU_RESOURCE, gpu_labels, nodes_ready
 from batchfill.testbed.devcluster.pki import b64, sign_client
 from batchfill.testbed.devcluster.state import ClusterState
+from batchfill.testbed.gpu_plugin import fake_gpu_plugin_argv
 from batchfill.testbed.node import apiproxy, cgroups, cni, containerd, images, kubelet, mountns
 from batchfill.testbed.node.containerd import ContainerdError
 from batchfill.testbed.node.images import ImageBuildError
@@ -36,12 +37,13 @@ from batchfill.testbed.node.netns import (
     preexec_enter,
 )
 from batchfill.testbed.node.plan import APISERVER_PROXY_PORT, AddressPlanError, NodePlan, overlaps, plan_nodes
-from batchfill.testbed.node.record import RealNode, RealNodes, read_sysctls
+from batchfill.testbed.node.record import GPU_PLUGIN, RealNode, RealNodes, read_sysctls
 from batchfill.testbed.process import (
     LOOPBACK,
     Process,
     ProcessExitedError,
     ReadinessTimeoutError,
+    stop_all,
     wait_until,
 )
 
@@ -114,9 +116,12 @@ def start_node(
     con: Console,
     timeout_s: float,
     die_with_parent: bool,
+    plugin_bin: Path | None = None,
 ) -> None:
-    """Network, cgroups, certificates and configs of ``node``, then its forwarder, containerd (image imported)
-    and kubelet; ``save`` after each thing made. Raises :class:`RealNodeError`."""
+    """Network, cgroups, certificates and configs of ``node``, then its forwarder, containerd (image imported),
+    kubelet and, when ``node.gpus`` > 0, the fake-GPU device plugin (``plugin_bin``, default
+    :func:`~batchfill.testbed.gpu_plugin.plugin_path`); ``save`` after each thing made. Raises
+    :class:`RealNodeError`."""
     plan = node.plan
     node.dir.mkdir(parents=True, exist_ok=True)
     create_node_network(plan)
@@ -124,9 +129,9 @@ def start_node(
     save()
     cgroups.create(plan.cgroup_root)
     cert, key = sign_client(pki, f"kubelet-{plan.name}", kubelet.node_subject(plan.name))
-    kc = write_kubeconfig(node.dir / "kubelet.kubeconfig", f"https://{LOOPBACK}:{APISERVER_PROXY_PORT}",
+    write_kubeconfig(node.dir / "kubelet.kubeconfig", f"https://{LOOPBACK}:{APISERVER_PROXY_PORT}",
                           b64(pki / "ca.crt"), f"system:node:{plan.name}",
-                          {"client-certificate": str(cert), "client-key": str(key)})  # fmt: skip
+                     {"client-certificate": str(cert), "client-key": str(key)})  # fmt: skip
     cni_dir = node.dir / "cni"
     cni.write_conflist(plan, cni_dir, node.dir / "ipam")
     paths = node.containerd
@@ -140,16 +145,60 @@ def start_node(
     save()
     _wait(con, f"containerd of {plan.name}", lambda: containerd.alive(paths.socket), timeout_s, [ctrd])
     containerd.import_image(paths.socket, image[1])
-    config = kubelet.write_kubelet_config(
+    kubelet.write_kubelet_config(
         node.dir / "kubelet.yaml", kubelet.kubelet_config(plan, node.kubelet_root, pki / "ca.crt", paths.socket)
     )
     node.device_plugin_dir.mkdir(parents=True, exist_ok=True)
-    argv = kubelet.command(kubelet_bin, plan, config, kc, node.kubelet_root, node.dir / "kubelet-pki")
+    start_kubelet(node, kubelet_bin, die_with_parent)
+    save()
+    if node.gpus > 0:
+        start_gpu_plugin(node, plugin_bin, die_with_parent)
+        save()
+
+
+def start_kubelet(node: RealNode, kubelet_bin: Path, die_with_parent: bool) -> Process:
+    """Start ``node``'s kubelet from the files :func:`start_node` wrote (again after a stop: same flags, root
+    directory, certificates and checkpoints), in the node's network namespace and a mount namespace of its own
+    (:mod:`.mountns`); it registers with the GPU labels when ``node.gpus`` > 0."""
+    plan = node.plan
+    labels = gpu_labels(node.gpus) if node.gpus else None
+    argv = kubelet.command(kubelet_bin, plan, node.dir / "kubelet.yaml", node.dir / "kubelet.kubeconfig",
+                           node.kubelet_root, node.dir / "kubelet-pki", labels)  # fmt: skip
     sysctls = mountns.sysctl_binds(mountns.write_values(node.dir / "kubelet-sysctls"))
     binds = mountns.bind_points({"/var/lib/kubelet/device-plugins": node.device_plugin_dir,
                                  "/var/log/containers": node.dir / "container-logs", **sysctls})  # fmt: skip
-    _start(node, "kubelet", argv, die_with_parent, [preexec_enter(plan.netns), mountns.preexec_mount_ns(binds)])
-    save()
+    return _start(node, "kubelet", argv, die_with_parent, [preexec_enter(plan.netns), mountns.preexec_mount_ns(binds)])
+
+
+def start_gpu_plugin(node: RealNode, binary: Path | None, die_with_parent: bool) -> Process:
+    """Start ``batchfill-fake-gpu`` for ``node`` (``node.gpus`` devices ``fake-gpu-<node>-<i>``), log
+    ``<node dir>/logs/gpu-plugin.log``. It serves in ``node.device_plugin_dir`` as seen from the root mount
+    namespace: that directory is the one bind-mounted over the kubelet's fixed ``/var/lib/kubelet/device-plugins``
+    (:mod:`.mountns`), so the kubelet finds the plugin's socket and the plugin the kubelet's ``kubelet.sock``
+    without entering the kubelet's mount namespace. It runs in the node's network namespace (it needs no network
+    there) so that :func:`~.cleanup.teardown` finds a stray copy by namespace like the node's other processes."""
+    argv = fake_gpu_plugin_argv(node.device_plugin_dir, node.name, node.gpus, binary=binary)
+    if not Path(argv[0]).is_file():
+        raise RealNodeError(f"{argv[0]} is missing: build it with gpu_plugin.ensure_fake_gpu_plugin()")
+    return _start(node, GPU_PLUGIN, argv, die_with_parent, [preexec_enter(node.plan.netns)])
+
+
+def gpus_allocatable(kubeconfig: Path, gpus: Mapping[str, int]) -> bool:
+    """Each named node's ``status.capacity`` and ``status.allocatable`` show ``gpus[name]`` ``nvidia.com/gpu``
+    (what the kubelet reports from the devices its device plugins advertise as healthy)."""
+    from kubernetes import client
+
+    with api_client(kubeconfig) as api:
+        items: list[Any] = client.CoreV1Api(api).list_node().items
+    status = {n.metadata.name: n.status for n in items}
+    for name, count in gpus.items():
+        st = status.get(name)
+        if st is None:
+            return False
+        for resources in (st.capacity, st.allocatable):
+            if (resources or {}).get(GPU_RESOURCE, "0") != str(count):
+                return False
+    return True
 
 
 def _registered(kubeconfig: Path, name: str) -> bool:
@@ -192,8 +241,12 @@ def start_real_nodes(
     con: Console,
     timeout_s: float = 180.0,
     die_with_parent: bool = False,
+    gpus: int = 0,
+    plugin_bin: Path | None = None,
 ) -> RealNodes:
-    """Start ``count`` real nodes ``real-node-<i>`` and wait until each is Ready (module docstring).
+    """Start ``count`` real nodes ``real-node-<i>`` and wait until each is Ready (module docstring); with ``gpus``
+    > 0, each runs the fake-GPU device plugin (``plugin_bin``, :func:`start_gpu_plugin`) and carries the GPU labels,
+    and this waits until the kubelet shows ``gpus`` ``nvidia.com/gpu`` allocatable (:func:`gpus_allocatable`).
 
     Returns what was started (also passed to ``save`` after every step). Raises :class:`RealNodeError` (what was
     started stays recorded for :func:`~.cleanup.teardown_all`).
@@ -201,7 +254,8 @@ def start_real_nodes(
     with _as_node_error():
         return _start_real_nodes(count, run_dir=run_dir, pod_block=pod_block, apiserver_port=apiserver_port,
                                  bin_dir=bin_dir, admin_kubeconfig=admin_kubeconfig, save=save, con=con,
-                                 timeout_s=timeout_s, die_with_parent=die_with_parent)  # fmt: skip
+                                 timeout_s=timeout_s, die_with_parent=die_with_parent, gpus=gpus,
+                                 plugin_bin=plugin_bin)  # fmt: skip
 
 
 def _start_real_nodes(
@@ -216,6 +270,8 @@ def _start_real_nodes(
     con: Console,
     timeout_s: float,
     die_with_parent: bool,
+    gpus: int,
+    plugin_bin: Path | None,
 ) -> RealNodes:
     plans = plan_nodes(pod_block, count)
     check_plans(plans, machine_networks(), netns_names())
@@ -228,13 +284,13 @@ def _start_real_nodes(
         image = images.busybox_image()
     t0 = time.monotonic()
     for plan in plans:
-        node = RealNode(plan, run_dir / plan.name)
+        node = RealNode(plan, run_dir / plan.name, gpus=gpus)
         real.nodes.append(node)
         save(real)
         with con.status(f"starting {plan.name} (containerd, kubelet) in netns {plan.netns}"):
             start_node(node, pki=run_dir / "pki", apiserver_port=apiserver_port, kubelet_bin=kubelet_bin,
                        image=image, save=lambda: save(real), con=con, timeout_s=timeout_s,
-                       die_with_parent=die_with_parent)  # fmt: skip
+                       die_with_parent=die_with_parent, plugin_bin=plugin_bin)  # fmt: skip
         con.log(f"[green]✓[/] {plan.name}: node IP {plan.node_ip}, pods in {plan.pod_cidr}, netns {plan.netns}")
     watch = [p for n in real.nodes for p in n.processes.values()]
     with con.status(f"waiting for {count} real nodes to register and be Ready"):
@@ -246,7 +302,38 @@ def _start_real_nodes(
         names = {n.name for n in real.nodes}
         _wait(con, f"{count} real nodes Ready", lambda: nodes_ready(admin_kubeconfig, names), timeout_s, watch)
     con.log(f"[green]✓[/] {count} real nodes Ready ({time.monotonic() - t0:.1f} s after start)")
+    if gpus > 0:
+        want = {n.name: gpus for n in real.nodes}
+        with con.status(f"waiting for {gpus} {GPU_RESOURCE} allocatable on each real node (device plugin)"):
+            _wait(con, f"{GPU_RESOURCE}={gpus} allocatable on the real nodes",
+                  lambda: gpus_allocatable(admin_kubeconfig, want), timeout_s, watch)  # fmt: skip
+        con.log(f"[green]✓[/] {GPU_RESOURCE}={gpus} allocatable on each real node "
+                f"({time.monotonic() - t0:.1f} s after start)")  # fmt: skip
     return real
+
+
+def restart_kubelet(
+    run_dir: str | os.PathLike[str], name: str, *, grace_s: float = 15.0, die_with_parent: bool = False
+) -> Process:
+    """Stop real node ``name``'s kubelet (SIGTERM, SIGKILL after ``grace_s`` seconds) and start it again as
+    :func:`start_kubelet` does, recording the new process in the cluster state of ``run_dir``; the new process.
+    Its pods keep running (containerd is not touched). Raises :class:`RealNodeError` when there is no such node
+    or the old kubelet survives SIGKILL.
+    """
+    run = Path(run_dir).resolve()
+    state = ClusterState.load(run)
+    real = RealNodes.from_record(state.real_nodes if state is not None else None)
+    node = next((n for n in real.nodes if n.name == name), None)
+    if state is None or node is None:
+        raise RealNodeError(f"no real node {name} recorded in {run}")
+    old = node.processes.get("kubelet")
+    if old is not None and stop_all([old], grace_s):
+        raise RealNodeError(f"{old.name} (pid {old.pid}) survived SIGKILL")
+    with _as_node_error():
+        p = start_kubelet(node, Path(state.bin_dir) / "kubelet", die_with_parent)
+    state.real_nodes = real.record()
+    state.save(run)
+    return p
 
 
 def import_image(node: RealNode, tar_path: Path, timeout_s: float = 900.0) -> str:

@@ -22,8 +22,10 @@ from batchfill.testbed.node.containerd import ContainerdPaths
 from batchfill.testbed.node.plan import NodePlan
 from batchfill.testbed.process import Process
 
-#: Start order of a node's processes; stopped in reverse (the kubelet first).
-NODE_PROCESSES = ("apiproxy", "containerd", "kubelet")
+#: Start order of a node's processes; stopped in reverse (the device plugin, then the kubelet). A node without
+#: GPUs has no ``gpu-plugin`` (the fake-GPU device plugin, :mod:`batchfill.testbed.gpu_plugin`).
+NODE_PROCESSES = ("apiproxy", "containerd", "kubelet", "gpu-plugin")
+GPU_PLUGIN = "gpu-plugin"
 #: Root-namespace sysctls recorded at ``up`` and compared at ``down`` (the ones a kubelet would change).
 WATCHED_SYSCTLS = (
     "kernel.panic", "kernel.panic_on_oops", "vm.overcommit_memory", "net.ipv4.ip_forward",
@@ -48,12 +50,19 @@ def read_sysctls(names: tuple[str, ...] = WATCHED_SYSCTLS) -> dict[str, str]:
 
 @dataclass
 class RealNode:
-    """One real node: its plan, its directory, its processes (:data:`NODE_PROCESSES`) and its netns inode."""
+    """One real node: its plan, its directory, its processes (:data:`NODE_PROCESSES`), its netns inode and the
+    number of fake ``nvidia.com/gpu`` devices its device plugin advertises (0: no plugin)."""
 
     plan: NodePlan
     dir: Path
     processes: dict[str, Process] = field(default_factory=dict)
     netns_inode: int = 0
+    gpus: int = 0
+
+    @property
+    def expected_processes(self) -> tuple[str, ...]:
+        """The names of :data:`NODE_PROCESSES` this node runs (no ``gpu-plugin`` without GPUs)."""
+        return tuple(n for n in NODE_PROCESSES if n != GPU_PLUGIN or self.gpus > 0)
 
     @property
     def name(self) -> str:
@@ -80,13 +89,14 @@ class RealNode:
         return self.logs / f"{process}.log"
 
     def record(self) -> dict[str, Any]:
-        return {"plan": self.plan.record(), "dir": str(self.dir), "netns_inode": self.netns_inode,
+        return {"plan": self.plan.record(), "dir": str(self.dir), "netns_inode": self.netns_inode, "gpus": self.gpus,
                 "kubelet_root": str(self.kubelet_root), "containerd_socket": str(self.containerd.socket),
                 "processes": {n: p.record() for n, p in self.processes.items()}}  # fmt: skip
 
     @classmethod
     def from_record(cls, r: Mapping[str, Any]) -> RealNode:
-        node = cls(NodePlan.from_record(dict(r["plan"])), Path(r["dir"]), netns_inode=int(r.get("netns_inode", 0)))
+        node = cls(NodePlan.from_record(dict(r["plan"])), Path(r["dir"]), netns_inode=int(r.get("netns_inode", 0)),
+                   gpus=int(r.get("gpus", 0)))  # fmt: skip
         node.processes = {n: Process.from_record(p, name=f"{n}-{node.name}", log_path=node.log_path(n))
                           for n, p in r.get("processes", {}).items()}  # fmt: skip
         return node
@@ -102,10 +112,14 @@ class RealNodes:
     def record(self) -> dict[str, Any]:
         return {"nodes": [n.record() for n in self.nodes], "sysctls": dict(self.sysctls)}
 
-    def running(self, count: int) -> bool:
-        """Exactly ``count`` nodes are recorded and every process of each is alive."""
+    def running(self, count: int, gpus: int | None = None) -> bool:
+        """Exactly ``count`` nodes are recorded, each with ``gpus`` fake GPUs (None: any number), and every process
+        of each is alive."""
         return len(self.nodes) == count and all(
-            set(n.processes) == set(NODE_PROCESSES) and all(p.alive() for p in n.processes.values()) for n in self.nodes
+            set(n.processes) == set(n.expected_processes)
+            and (gpus is None or n.gpus == gpus)
+            and all(p.alive() for p in n.processes.values())
+            for n in self.nodes
         )
 
     @classmethod
