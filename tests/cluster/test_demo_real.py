@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,14 @@ def _root_and_tools() -> None:
         skip_or_fail(f"real nodes need {missing} (the Makefile's DEB_PACKAGES)")
 
 
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    """A short run directory: pytest's tmp_path is too deep for the node's containerd sockets (104 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="bf-demo-"))
+    yield path / "demo"
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _node_netns() -> list[str]:
     import subprocess
 
@@ -54,8 +64,7 @@ def _assert_nothing_left(run_dir: Path, netns_before: list[str]) -> None:
     assert sorted(_node_netns()) == sorted(netns_before)
 
 
-def test_real_node_demo_serves_from_the_pods_within_the_sla(tmp_path: Path, demos: list[Demo]) -> None:  # noqa: F811
-    run_dir = tmp_path / "demo"
+def test_real_node_demo_serves_from_the_pods_within_the_sla(run_dir: Path, demos: list[Demo]) -> None:  # noqa: F811
     before = _node_netns()
     d = Demo(run_dir, "--real-nodes", "--duration", "40")
     demos.append(d)
@@ -90,8 +99,7 @@ def test_real_node_demo_serves_from_the_pods_within_the_sla(tmp_path: Path, demo
     assert list(run_dir.iterdir()) == [], "the demo left its working directory behind"
 
 
-def test_real_node_demo_stops_everything_on_ctrl_c_during_the_load(tmp_path: Path, demos: list[Demo]) -> None:  # noqa: F811
-    run_dir = tmp_path / "demo"
+def test_real_node_demo_stops_everything_on_ctrl_c_during_the_load(run_dir: Path, demos: list[Demo]) -> None:  # noqa: F811
     before = _node_netns()
     d = Demo(run_dir, "--real-nodes", "--duration", "120", sigint="default")
     demos.append(d)

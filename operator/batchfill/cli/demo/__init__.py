@@ -89,14 +89,14 @@ def stop_timeout_s(existing_objects: int | None = None, real_nodes: bool = False
     """The longest the demo's cleanup takes, in seconds: the sum of its steps' timeouts, as it prints when it
     starts stopping. ``existing_objects``: on an existing cluster, how many objects the demo made there (each
     gets :data:`API_DELETE_TIMEOUT_S`); None for the demo's own control plane (devcluster.STOP_TIMEOUT_S).
-    ``real_nodes``: the ``--real-nodes`` demo (Prometheus and the device plugin instead of local tritonservers)."""
+    ``real_nodes``: the ``--real-nodes`` demo (Prometheus instead of local tritonservers)."""
     cluster = devcluster.STOP_TIMEOUT_S if existing_objects is None else existing_objects * API_DELETE_TIMEOUT_S
     operator = OPERATOR_STOP_GRACE_S + OPERATOR_KILL_WAIT_S
     if real_nodes:
-        from batchfill.cli.demo.real import PLUGIN_STOP_S, PROMETHEUS_STOP_S
+        from batchfill.cli.demo.real import PROMETHEUS_STOP_S
 
-        # working directory, control plane, device plugin, Prometheus, operator, API client, leftover children
-        return LOCAL_STEP_S + cluster + PLUGIN_STOP_S + PROMETHEUS_STOP_S + operator + LOCAL_STEP_S + 2 * CHILD_GRACE_S
+        # working directory, control plane with the real node, Prometheus, operator, API client, leftover children
+        return LOCAL_STEP_S + cluster + PROMETHEUS_STOP_S + operator + LOCAL_STEP_S + 2 * CHILD_GRACE_S
     # working directory, control plane or objects, operator, API client, tritonservers, leftover children
     return LOCAL_STEP_S + cluster + operator + LOCAL_STEP_S + triton_stop_timeout_s() + 2 * CHILD_GRACE_S
 

@@ -2,7 +2,7 @@
 
 1. a dev cluster with one real node (kubelet + containerd in a network namespace of its own,
    :mod:`batchfill.testbed.node`) whose kubelet advertises ``nvidia.com/gpu`` from the fake-GPU device plugin
-   (started here when the cluster does not run one); the Triton image (scripts/build-triton-image.sh) imported
+   (``dev-cluster up --real-nodes 1``); the Triton image (scripts/build-triton-image.sh) imported
    into the node's containerd;
 2. a real Prometheus discovering the Triton pods as prometheus-operator would for the ServiceMonitor the
    operator renders (Prometheus' own ``kubernetes_sd_configs``, :mod:`batchfill.testbed.prometheus_k8s`);
@@ -58,21 +58,26 @@ MIN_LOAD_S = 40.0
 #: How long the Triton pods may take to be Ready (s): the image's first start on the node, the init container's
 #: copy, the model's load.
 READY_TIMEOUT_S = 600.0
-#: Stopping Prometheus and the device plugin (SIGTERM grace + SIGKILL wait).
+#: The longest unix socket path containerd accepts (its check, the portable sun_path size).
+UNIX_PATH_MAX = 104
+#: Stopping Prometheus (SIGTERM grace + SIGKILL wait).
 PROMETHEUS_STOP_S = 15.0
-PLUGIN_STOP_S = 15.0
 
 
 def real_cluster(work: Path, shutdown: Shutdown, console: Console) -> tuple[Path, Any, str]:
-    """The dev cluster with one real node advertising ``nvidia.com/gpu``, the Triton image imported there.
+    """The dev cluster with one real node advertising ``nvidia.com/gpu`` (its device plugin started and stopped
+    with the node), the Triton image imported there.
 
     Returns (kubeconfig, the RealNode, the Triton image reference). Raises DemoError when the node advertises no
-    GPU within 60 s.
+    GPU.
     """
-    from batchfill.testbed.gpu_plugin import ensure_fake_gpu_plugin, start_fake_gpu_plugin
+    from batchfill.testbed.gpu_plugin import ensure_fake_gpu_plugin
     from batchfill.testbed.images import ensure_triton_image
     from batchfill.testbed.node import import_image, real_nodes
 
+    longest = work / "cluster" / "real-node-0" / "containerd" / "containerd.sock.ttrpc"
+    if len(str(longest)) > UNIX_PATH_MAX:  # containerd would exit: "unix socket path too long (> 104)"
+        raise DemoError(f"--run-dir is too deep for the node's sockets ({longest}): use a shorter one, e.g. /tmp/bf")
     devcluster.ensure_binaries(console, kubelet=True)
     image = ensure_triton_image(console)
     ensure_fake_gpu_plugin(console)
@@ -84,21 +89,16 @@ def real_cluster(work: Path, shutdown: Shutdown, console: Console) -> tuple[Path
         console=console,
         quiet=True,
     )
-    info = devcluster.cluster_up(work / "cluster", 0, 0, real_nodes=1, console=console, die_with_parent=True,
-                                 build=False)  # fmt: skip
+    info = devcluster.cluster_up(work / "cluster", 0, 0, real_nodes=1, real_node_gpus=NODE_GPUS, console=console,
+                                 die_with_parent=True, build=False)  # fmt: skip
     node = real_nodes(work / "cluster")[0]
-    console.log(f"control plane up in {info.startup_s:.1f} s with real node {node.name} ({node.plan.node_ip})")
-    if not _node_gpus(info.kubeconfig, node.name):
-        plugin = start_fake_gpu_plugin(
-            node.device_plugin_dir, node.name, NODE_GPUS, work / "fake-gpu-plugin.log", die_with_parent=True
-        )
-        shutdown.on_exit("stop the fake-GPU device plugin", PLUGIN_STOP_S, plugin.stop, 10.0)
-        deadline = time.monotonic() + 60
-        while _node_gpus(info.kubeconfig, node.name) < NODE_GPUS:
-            if time.monotonic() > deadline or not plugin.alive():
-                raise DemoError(f"{node.name} advertises no nvidia.com/gpu; plugin log {work / 'fake-gpu-plugin.log'}")
-            time.sleep(0.5)
-    console.log(f"{node.name} advertises {_node_gpus(info.kubeconfig, node.name)} nvidia.com/gpu (device plugin)")
+    gpus = _node_gpus(info.kubeconfig, node.name)
+    console.log(
+        f"control plane up in {info.startup_s:.1f} s with real node {node.name} ({node.plan.node_ip}): its kubelet "
+        f"advertises {gpus} nvidia.com/gpu from the batchfill-fake-gpu device plugin"
+    )
+    if gpus < 1:
+        raise DemoError(f"{node.name} advertises no nvidia.com/gpu; device plugin log {node.logs}")
     t0 = time.monotonic()
     with console.status(f"importing {image.reference} into {node.name}'s containerd ..."):
         import_image(node, image.path)
