@@ -160,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
         "real tritonservers under Poisson load",
     )
     m.add_argument("--kubeconfig", default=None, help="use this existing cluster (e.g. kind) instead of starting one")
-    m.add_argument("--run-dir", default=None, help="working directory (default ~/.local/state/batchfill/demo)")
+    m.add_argument(
+        "--run-dir",
+        default=None,
+        help="working directory (default ~/.local/state/batchfill/demo; with --real-nodes /var/tmp/bf-demo)",
+    )
     m.add_argument("--load", type=float, default=0.7, help="offered load per pod, fraction of capacity (default 0.7)")
     m.add_argument("--duration", type=float, default=15.0, help="seconds of Poisson load (default 15)")
     m.add_argument("--keep", action="store_true", help="stay up after the report until Ctrl-C")

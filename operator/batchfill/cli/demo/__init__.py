@@ -67,6 +67,10 @@ from batchfill.testbed.pod_tritons import TRITON_STOP_GRACE_S, PodTritons, ready
 API_DELETE_TIMEOUT_S = 10.0
 
 
+#: ``--real-nodes``' default run directory: short, because the node's unix sockets lie deep below it (at most 104
+#: bytes, containerd's limit), and on disk (the node's containerd unpacks the Triton image there).
+REAL_NODES_RUN_DIR = Path("/var/tmp/bf-demo")
+
 #: Local work: closing the API client, removing the working directory.
 LOCAL_STEP_S = 5.0
 
@@ -132,7 +136,9 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     if shutdown is None:
         with Shutdown(console, STOPPING) as own:
             return run_demo(options, console, own)
-    base = options.run_dir or devcluster.default_run_dir().parent / "demo"
+    base = options.run_dir or (
+        REAL_NODES_RUN_DIR if options.real_nodes else devcluster.default_run_dir().parent / "demo"
+    )
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="run-", dir=base))
     shutdown.on_exit("remove the working directory", LOCAL_STEP_S, _remove_work, work, shutdown)

@@ -71,11 +71,13 @@ def real_cluster(work: Path, shutdown: Shutdown, console: Console) -> tuple[Path
     Returns (kubeconfig, the RealNode, the Triton image reference). Raises DemoError when the node advertises no
     GPU.
     """
-    from batchfill.testbed.gpu_plugin import ensure_fake_gpu_plugin
+    from batchfill.testbed.gpu_plugin import SOCKET_NAME, ensure_fake_gpu_plugin
     from batchfill.testbed.images import ensure_triton_image
     from batchfill.testbed.node import import_image, real_nodes
 
-    longest = work / "cluster" / "real-node-0" / "containerd" / "containerd.sock.ttrpc"
+    node_dir = work / "cluster" / "real-node-0"
+    sockets = (node_dir / "containerd" / "containerd.sock.ttrpc", node_dir / "kubelet" / "device-plugins" / SOCKET_NAME)
+    longest = max(sockets, key=lambda p: len(str(p)))
     if len(str(longest)) > UNIX_PATH_MAX:  # containerd would exit: "unix socket path too long (> 104)"
         raise DemoError(f"--run-dir is too deep for the node's sockets ({longest}): use a shorter one, e.g. /tmp/bf")
     devcluster.ensure_binaries(console, kubelet=True)
