@@ -15,6 +15,9 @@
    own p99 against the SLA;
 7. what a user checks: ``kubectl get bm``, the rendered config, the pods on GPU nodes, the events.
 
+With ``--real-nodes`` (``make demo``) steps 1 and 5 differ: one real node runs the operator's Triton pods from a
+local image, a real Prometheus scrapes them and the load goes through the Service (:mod:`.real`).
+
 Everything started is stopped on exit, on Ctrl-C and on SIGTERM, whatever step the demo is at, in at most
 :func:`stop_timeout_s` (the sum of the stop timeouts below; :mod:`batchfill.cli.shutdown` says how). With
 ``--keep`` the demo stays up (tritonservers follow the Ready pods) until interrupted. The steps and their
