@@ -99,18 +99,34 @@ def test_real_node_demo_serves_from_the_pods_within_the_sla(run_dir: Path, demos
     assert list(run_dir.iterdir()) == [], "the demo left its working directory behind"
 
 
-def test_real_node_demo_stops_everything_on_ctrl_c_during_the_load(run_dir: Path, demos: list[Demo]) -> None:  # noqa: F811
+@pytest.mark.parametrize(
+    ("step", "marker", "delay_s"),
+    [
+        ("node start", "real-node-0: node IP", 0.0),
+        ("image import", "advertises 4 nvidia.com/gpu", 0.5),
+        ("pods starting", "with the profile measured here", 2.0),
+        ("load", "through Service ocr/text-recognizer-triton", 3.0),
+    ],
+    ids=["node start", "image import", "pods starting", "load"],
+)
+def test_real_node_demo_ctrl_c_at_any_step_stops_everything(
+    run_dir: Path,
+    demos: list[Demo],  # noqa: F811
+    step: str,
+    marker: str,
+    delay_s: float,
+) -> None:
     before = _node_netns()
     d = Demo(run_dir, "--real-nodes", "--duration", "120", sigint="default")
     demos.append(d)
-    d.wait_for("through Service ocr/text-recognizer-triton", 1200)
-    time.sleep(3)
+    d.wait_for(marker, 1200)
+    time.sleep(delay_s)
     since = d.interrupt()
     code = d.wait_exit(demo.stop_timeout_s(real_nodes=True) + SLACK_S)
     assert code == 130, d.text[-6000:]
     said = re.search(r"stopping what the demo started: .* \(at most (\d+) s\)", d.text)
     assert said, d.text[-4000:]
     assert float(said.group(1)) <= demo.stop_timeout_s(real_nodes=True), d.text[-4000:]
-    assert time.monotonic() - since <= float(said.group(1)) + SLACK_S
+    assert time.monotonic() - since <= float(said.group(1)) + SLACK_S, step
     assert "everything the demo started has been stopped" in d.text, d.text[-4000:]
     _assert_nothing_left(run_dir, before)
