@@ -46,8 +46,8 @@ def _root_and_tools() -> None:
 @pytest.fixture
 def run_dir() -> Iterator[Path]:
     """A short run directory: pytest's tmp_path is too deep for the node's containerd sockets (104 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="bf-demo-"))
-    yield path / "demo"
+    path = Path(tempfile.mkdtemp(prefix="bfd-"))
+    yield path / "d"
     shutil.rmtree(path, ignore_errors=True)
 
 
