@@ -50,10 +50,12 @@ tools:
 test: $(STAMP) tools
 	$(BIN)/pytest
 
-# The main job: local control plane with fake GPU nodes, the operator, the example BatchedModel, one real
-# tritonserver per Ready Triton pod under Poisson load. Builds the control plane first when it is missing.
+# The main job: local control plane with a real node (kubelet + containerd, fake GPUs from a device plugin),
+# the operator, the example BatchedModel served by its real Triton pods under Poisson load through the Service,
+# a real Prometheus. Builds the control plane, kubelet, device plugin and Triton image first when missing.
+# `make demo KWOK=1`: the kwok variant (fake GPU nodes, one local tritonserver per Ready kwok pod).
 demo: $(STAMP)
-	$(BIN)/batchfill demo
+	$(BIN)/batchfill demo $(if $(KWOK),,--real-nodes)
 
 # One real tritonserver without Kubernetes: measure the example model, plan, serve at 90 % of capacity.
 serve: $(STAMP)

@@ -108,7 +108,11 @@ def cmd_demo(args: argparse.Namespace, out: Console, err: Console) -> int:
         load_seconds=args.duration,
         keep=args.keep,
         seed=args.seed,
+        real_nodes=args.real_nodes,
     )
+    if options.real_nodes and options.kubeconfig is not None:
+        err_line(err, "--real-nodes starts its own cluster: it cannot be combined with --kubeconfig")
+        return EXIT_USAGE
     return demo_main(options, out)
 
 
@@ -156,11 +160,20 @@ def build_parser() -> argparse.ArgumentParser:
         "real tritonservers under Poisson load",
     )
     m.add_argument("--kubeconfig", default=None, help="use this existing cluster (e.g. kind) instead of starting one")
-    m.add_argument("--run-dir", default=None, help="working directory (default ~/.local/state/batchfill/demo)")
+    m.add_argument(
+        "--run-dir",
+        default=None,
+        help="working directory (default ~/.local/state/batchfill/demo; with --real-nodes /var/tmp/bf-demo)",
+    )
     m.add_argument("--load", type=float, default=0.7, help="offered load per pod, fraction of capacity (default 0.7)")
     m.add_argument("--duration", type=float, default=15.0, help="seconds of Poisson load (default 15)")
     m.add_argument("--keep", action="store_true", help="stay up after the report until Ctrl-C")
     m.add_argument("--seed", type=int, default=0, help="seed of the load (default 0)")
+    m.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="serve from the operator's real pods on a real node (kubelet + containerd; root; builds the Triton image)",
+    )
     m.set_defaults(func=cmd_demo)
 
     r = sub.add_parser(

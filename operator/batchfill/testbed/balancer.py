@@ -116,3 +116,58 @@ class BalancedLoad:
             await asyncio.gather(*tasks, return_exceptions=True)
         for client in clients.values():
             await client.close()
+
+
+class ServiceEndpoints:
+    """The ready endpoints of a Service, from its EndpointSlices, as a client-side load balancer sees them.
+
+    What kube-proxy programs for a ClusterIP Service, read from the same objects: every endpoint of every
+    ``discovery.k8s.io/v1`` EndpointSlice labelled ``kubernetes.io/service-name=<service>`` whose
+    ``conditions.ready`` is true (a terminating pod leaves at once, as kube-proxy drops it), at the port named
+    ``port_name``. A background thread lists them every ``poll_s`` seconds; :meth:`endpoints` (``host:port``
+    strings, a new list each call) suits :class:`BalancedLoad`'s ``endpoints``. Use as a context manager.
+    """
+
+    def __init__(self, api_client: Any, namespace: str, service: str, port_name: str, poll_s: float = 0.5) -> None:
+        self.api_client, self.namespace, self.service, self.port_name = api_client, namespace, service, port_name
+        self.poll_s = poll_s
+        self._endpoints: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints)
+
+    def refresh(self) -> list[str]:
+        """List the EndpointSlices once; the ready ``ip:port`` endpoints, sorted."""
+        from kubernetes import client
+
+        slices = client.DiscoveryV1Api(self.api_client).list_namespaced_endpoint_slice(
+            self.namespace, label_selector=f"kubernetes.io/service-name={self.service}"
+        )
+        found: set[str] = set()
+        for s in slices.items:
+            ports = [p.port for p in s.ports or [] if p.name == self.port_name and p.port]
+            for e in s.endpoints or []:
+                if e.conditions is not None and e.conditions.ready:
+                    found.update(f"{address}:{port}" for address in e.addresses for port in ports)
+        self._endpoints = sorted(found)
+        return self.endpoints()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.refresh()
+            except Exception:  # an API hiccup keeps the last known endpoints, as kube-proxy does
+                continue
+
+    def __enter__(self) -> ServiceEndpoints:
+        self.refresh()
+        self._thread = threading.Thread(target=self._follow, name="service-endpoints", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.poll_s + 10)

@@ -15,6 +15,9 @@
    own p99 against the SLA;
 7. what a user checks: ``kubectl get bm``, the rendered config, the pods on GPU nodes, the events.
 
+With ``--real-nodes`` (``make demo``) steps 1 and 5 differ: one real node runs the operator's Triton pods from a
+local image, a real Prometheus scrapes them and the load goes through the Service (:mod:`.real`).
+
 Everything started is stopped on exit, on Ctrl-C and on SIGTERM, whatever step the demo is at, in at most
 :func:`stop_timeout_s` (the sum of the stop timeouts below; :mod:`batchfill.cli.shutdown` says how). With
 ``--keep`` the demo stays up (tritonservers follow the Ready pods) until interrupted. The steps and their
@@ -67,6 +70,10 @@ from batchfill.testbed.pod_tritons import TRITON_STOP_GRACE_S, PodTritons, ready
 API_DELETE_TIMEOUT_S = 10.0
 
 
+#: ``--real-nodes``' default run directory: short, because the node's unix sockets lie deep below it (at most 104
+#: bytes, containerd's limit), and on disk (the node's containerd unpacks the Triton image there).
+REAL_NODES_RUN_DIR = Path("/var/tmp/bf-demo")
+
 #: Local work: closing the API client, removing the working directory.
 LOCAL_STEP_S = 5.0
 
@@ -85,12 +92,18 @@ def _until(what: str, fn: Callable[[], Any], timeout_s: float, console: Console,
     raise DemoError(f"timed out after {timeout_s:g} s {what}\n{diag()}")
 
 
-def stop_timeout_s(existing_objects: int | None = None) -> float:
+def stop_timeout_s(existing_objects: int | None = None, real_nodes: bool = False) -> float:
     """The longest the demo's cleanup takes, in seconds: the sum of its steps' timeouts, as it prints when it
     starts stopping. ``existing_objects``: on an existing cluster, how many objects the demo made there (each
-    gets :data:`API_DELETE_TIMEOUT_S`); None for the demo's own control plane (devcluster.STOP_TIMEOUT_S)."""
+    gets :data:`API_DELETE_TIMEOUT_S`); None for the demo's own control plane (devcluster.STOP_TIMEOUT_S).
+    ``real_nodes``: the ``--real-nodes`` demo (Prometheus instead of local tritonservers)."""
     cluster = devcluster.STOP_TIMEOUT_S if existing_objects is None else existing_objects * API_DELETE_TIMEOUT_S
     operator = OPERATOR_STOP_GRACE_S + OPERATOR_KILL_WAIT_S
+    if real_nodes:
+        from batchfill.cli.demo.real import PROMETHEUS_STOP_S
+
+        # working directory, control plane with the real node, Prometheus, operator, API client, leftover children
+        return LOCAL_STEP_S + cluster + PROMETHEUS_STOP_S + operator + LOCAL_STEP_S + 2 * CHILD_GRACE_S
     # working directory, control plane or objects, operator, API client, tritonservers, leftover children
     return LOCAL_STEP_S + cluster + operator + LOCAL_STEP_S + triton_stop_timeout_s() + 2 * CHILD_GRACE_S
 
@@ -126,11 +139,15 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     if shutdown is None:
         with Shutdown(console, STOPPING) as own:
             return run_demo(options, console, own)
-    base = options.run_dir or devcluster.default_run_dir().parent / "demo"
+    base = options.run_dir or (
+        REAL_NODES_RUN_DIR if options.real_nodes else devcluster.default_run_dir().parent / "demo"
+    )
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="run-", dir=base))
     shutdown.on_exit("remove the working directory", LOCAL_STEP_S, _remove_work, work, shutdown)
     t0 = time.monotonic()
+    if options.real_nodes:
+        return _run_real(options, work, shutdown, console, t0)
     kubeconfig, made = _cluster(options, work, shutdown, console)
 
     operator_log = work / "operator.log"
@@ -187,15 +204,27 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     return result
 
 
+def _run_real(options: DemoOptions, work: Path, shutdown: Shutdown, console: Console, t0: float) -> DemoResult:
+    """``--real-nodes``: the demo on real pods (:mod:`.real`)."""
+    from batchfill.cli.demo.real import run_real
+
+    return run_real(options, work, shutdown, console, t0)
+
+
 def _install_and_run_operator(
-    kubeconfig: Path, work: Path, operator_log: Path, shutdown: Shutdown, console: Console
+    kubeconfig: Path,
+    work: Path,
+    operator_log: Path,
+    shutdown: Shutdown,
+    console: Console,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """deploy/base's CRD and RBAC applied, then ``batchfill run`` as the install's ServiceAccount (stopped by
-    ``shutdown``)."""
+    ``shutdown``), with ``env`` added to its environment."""
     install_operator_rbac(kubeconfig, work)
     console.log("installed the CRD, ServiceAccount and least-privilege RBAC from deploy/base")
     operator = shutdown.enter(
-        operator_as_service_account(kubeconfig, work, operator_log),
+        operator_as_service_account(kubeconfig, work, operator_log, env=env),
         "stop the operator",
         OPERATOR_STOP_GRACE_S + OPERATOR_KILL_WAIT_S,
     )

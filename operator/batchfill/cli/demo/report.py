@@ -17,10 +17,20 @@ def _fmt(v: float | None) -> str:
 
 
 def report(
-    console: Console, kubeconfig: Path, ns: str, name: str, config_name: str, config: str, result: DemoResult
+    console: Console,
+    kubeconfig: Path,
+    ns: str,
+    name: str,
+    config_name: str,
+    config: str,
+    result: DemoResult,
+    bm_table: str | None = None,
 ) -> None:
-    console.rule("kubectl get bm -A")
-    console.print(_kubectl(kubeconfig, "get", "bm", "-A"), markup=False, highlight=False)
+    """Print the cluster's view and the load table; ``bm_table``: ``kubectl get bm -A`` as taken under load (else
+    taken now)."""
+    console.rule("kubectl get bm -A" + (" (under load)" if bm_table is not None else ""))
+    table = bm_table if bm_table is not None else _kubectl(kubeconfig, "get", "bm", "-A")
+    console.print(table, markup=False, highlight=False)
     console.rule(f"kubectl get configmap {config_name} -n {ns}: config.pbtxt derived from the SLA")
     console.print(config, markup=False, highlight=False)
     console.rule("pods on GPU nodes")

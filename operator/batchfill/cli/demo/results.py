@@ -29,6 +29,7 @@ class DemoOptions:
     keep: bool = False
     seed: int = 0
     timeout_s: float = 180.0
+    real_nodes: bool = False  # serve from real pods on a real node (cli/demo/real.py)
 
 
 @dataclass
