@@ -166,18 +166,7 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     api = shutdown.enter(devcluster.api_client(kubeconfig), "close the API client", LOCAL_STEP_S)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
 
-    def operator_log_tail() -> str:
-        return f"operator log {operator_log}:\n" + "\n".join(operator_log.read_text().splitlines()[-15:])
-
-    def planned() -> dict[str, Any] | None:
-        if operator.poll() is not None:
-            raise DemoError(f"the operator exited with {operator.returncode}\n{operator_log_tail()}")
-        bm = cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
-        return bm if _condition(bm, ConditionType.PLANNED).get("status") == "True" else None
-
-    bm = _until(
-        f"waiting for the operator to plan {ns}/{name} ...", planned, options.timeout_s, console, operator_log_tail
-    )
+    bm = _wait_planned(custom, ns, name, operator, operator_log, options.timeout_s, console)
     selector = f"{MODEL_LABEL}={name}"
     found = _until(
         "waiting for the Triton pods to be scheduled on GPU nodes and Ready ...",
@@ -266,6 +255,26 @@ def _follow_pods(
         found = ready_pods_with_ips(core, ns, selector)
         ips = {p: ip for p, (_, ip) in found.items()}
         tritons.sync({p: n for p, (n, _) in found.items()}, config_pbtxt, console, ips)
+
+
+def _wait_planned(
+    custom: Any, ns: str, name: str, operator: Any, operator_log: Path, timeout_s: float, console: Console
+) -> dict[str, Any]:
+    """The BatchedModel once the operator planned it (Planned=True); DemoError with the operator log's tail when
+    the operator exits first or ``timeout_s`` passes."""
+
+    def operator_log_tail() -> str:
+        return f"operator log {operator_log}:\n" + "\n".join(operator_log.read_text().splitlines()[-15:])
+
+    def planned() -> dict[str, Any] | None:
+        if operator.poll() is not None:
+            raise DemoError(f"the operator exited with {operator.returncode}\n{operator_log_tail()}")
+        bm = cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
+        return bm if _condition(bm, ConditionType.PLANNED).get("status") == "True" else None
+
+    found: dict[str, Any] = _until(f"waiting for the operator to plan {ns}/{name} ...", planned, timeout_s, console,
+                                   operator_log_tail)  # fmt: skip
+    return found
 
 
 def _cluster(

@@ -26,7 +26,7 @@ import math
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import yaml
@@ -255,9 +255,7 @@ def run_real(options: DemoOptions, work: Path, shutdown: Shutdown, console: Cons
     :func:`batchfill.cli.demo.run_demo` does. Long because it is the demo's sequence of steps, read top to bottom."""
     from kubernetes import client
 
-    from batchfill.api.reasons import ConditionType
-    from batchfill.api.spec import GROUP, PLURAL, VERSION
-    from batchfill.cli.demo import _condition, _deploy_example, _install_and_run_operator, _until
+    from batchfill.cli.demo import _deploy_example, _install_and_run_operator, _until, _wait_planned
     from batchfill.cli.demo.profile import measure_example_profile, with_profile
     from batchfill.cli.demo.report import report
     from batchfill.cli.demo.results import EXAMPLE, ROOT
@@ -280,17 +278,7 @@ def run_real(options: DemoOptions, work: Path, shutdown: Shutdown, console: Cons
     api = shutdown.enter(devcluster.api_client(kubeconfig), "close the API client", 5.0)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
 
-    def operator_log_tail() -> str:
-        return f"operator log {operator_log}:\n" + "\n".join(operator_log.read_text().splitlines()[-15:])
-
-    def planned() -> dict[str, Any] | None:
-        if operator.poll() is not None:
-            raise DemoError(f"the operator exited with {operator.returncode}\n{operator_log_tail()}")
-        bm = cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
-        return bm if _condition(bm, ConditionType.PLANNED).get("status") == "True" else None
-
-    bm = _until(f"waiting for the operator to plan {ns}/{name} ...", planned, options.timeout_s, console,
-                operator_log_tail)  # fmt: skip
+    bm = _wait_planned(custom, ns, name, operator, operator_log, options.timeout_s, console)
     selector = f"{MODEL_LABEL}={name}"
     found = _until(
         f"waiting for the Triton pods on {node.name}: init container, model load, readiness ...",
