@@ -33,6 +33,7 @@ from batchfill.adapters.kube import (
     _document,
     _matches,
 )
+from batchfill.render.kube import CONFIG_HASH_FIELD, REPLICAS_FIELD, managed_field
 
 log = logging.getLogger(__name__)
 
@@ -65,38 +66,33 @@ def pick(obj: Mapping[str, Any], fields: Fields) -> dict[str, Any]:
     return out
 
 
-#: The managedFields the loops read: who owns ``spec.replicas`` (a hand scale) and the pod template's config-hash
-#: annotation (a hand rollback, ``controller.status.hand_rollback``).
-OWNED_FIELDS: Fields = {
-    "f:spec": {
-        "f:replicas": True,
-        "f:template": {"f:metadata": {"f:annotations": {"f:batchfill.io/config-hash": True}}},
-    }
-}
+#: The managedFields the loops read (``fieldsV1`` paths): who owns ``spec.replicas`` (a hand scale) and the pod
+#: template's config-hash annotation (a hand rollback, ``controller.status.hand_rollback``).
+OWNED_PATHS = (REPLICAS_FIELD, CONFIG_HASH_FIELD)
 
 
-def _prune(fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` without the objects left empty by :func:`pick` (an entry that owns none of them is empty)."""
+def _owned(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` reduced to the :data:`OWNED_PATHS` it contains (an entry that owns none of them is empty)."""
     out: dict[str, Any] = {}
-    for k, v in fields.items():
-        if isinstance(v, dict) and v:
-            v = _prune(v)
-            if v:
-                out[k] = v
-        elif not isinstance(v, dict) or k in ("f:replicas", "f:batchfill.io/config-hash"):
-            out[k] = v
+    for path in OWNED_PATHS:
+        if managed_field(fields, path) is None:
+            continue
+        here = out
+        for key in path[:-1]:
+            here = here.setdefault(key, {})
+        here[path[-1]] = {}
     return out
 
 
 def _owned_entries(managed: Any) -> list[dict[str, Any]]:
-    """managedFields reduced to :data:`OWNED_FIELDS` (an apply entry otherwise lists the whole template)."""
+    """managedFields reduced to :data:`OWNED_PATHS` (an apply entry otherwise lists the whole template)."""
     out = []
     for entry in managed if isinstance(managed, list) else []:
         if not isinstance(entry, Mapping):
             continue
         fields = entry.get("fieldsV1")
         kept = pick(entry, {"manager": True, "operation": True, "subresource": True, "time": True})
-        out.append(kept | {"fieldsV1": _prune(pick(fields, OWNED_FIELDS)) if isinstance(fields, Mapping) else {}})
+        out.append(kept | {"fieldsV1": _owned(fields) if isinstance(fields, Mapping) else {}})
     return out
 
 

@@ -37,7 +37,6 @@ from batchfill.api.status import PlannedProfileSource, PlanStatus
 from batchfill.controller.desired import adopted_profile, desired_state, profile_hash
 from batchfill.controller.pods import ready_pod_ips
 from batchfill.controller.reconcile import Event, log_event, reapply
-from batchfill.controller.status import parse_time
 from batchfill.policy import conditions as cond
 from batchfill.policy.plan import significant
 from batchfill.policy.profile import LatencyProfile
@@ -370,7 +369,7 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
         adopted=adopted,
         tolerance=prof.tolerancePercent / 100.0,
         interval_s=float(prof.replanIntervalSeconds),
-        last_replan_s=parse_time(planned.get("since")),
+        last_replan_s=cond.parse_rfc3339(planned.get("since")),
         now_s=now,
         min_sizes=2 if (limit or 1) >= 2 else 1,
     )
@@ -383,7 +382,7 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
         except SpecError as err:  # the measurement cannot be planned (e.g. l(1) above T): say so, keep the plan
             why = "; ".join(str(p) for p in err.problems)
             message = f"measured profile not adopted: {why}"
-            last = parse_time((status.get("measuredProfile") or {}).get("measuredAt"))
+            last = cond.parse_rfc3339((status.get("measuredProfile") or {}).get("measuredAt"))
             fresh = last is not None and now - last < prof.replanIntervalSeconds
             if fresh:
                 return ProfileTick({}, reason=ReplanReason.MEASURED_PROFILE_INFEASIBLE)
@@ -401,7 +400,7 @@ def profile_tick(body: Mapping[str, Any], totals: Sequence[BatchTotals], pods: i
         return ProfileTick(
             {"measuredProfile": measured_status, "plannedProfile": new_planned}, (event,), True, decision.reason
         )
-    last = parse_time((status.get("measuredProfile") or {}).get("measuredAt"))
+    last = cond.parse_rfc3339((status.get("measuredProfile") or {}).get("measuredAt"))
     if last is None or now - last >= prof.replanIntervalSeconds:
         return ProfileTick({"measuredProfile": measured_status}, reason=decision.reason)
     return ProfileTick({}, reason=decision.reason)

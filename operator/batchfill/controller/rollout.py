@@ -14,24 +14,15 @@ https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#rolling-up
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from batchfill.api.validate import GPU_RESOURCE
+from batchfill.policy.conditions import parse_rfc3339
 
 #: How long a pod must have been unschedulable for GPUs before a rollout goes in place (s): a GPU freed by another
 #: model's scale-in within this time still gives a surge.
 SURGE_BLOCKED_AFTER_S = 30.0
-
-
-def _seconds(rfc3339: str | None) -> float | None:
-    if not rfc3339:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def rolls_in_place(deployment: Mapping[str, Any]) -> bool:
@@ -70,7 +61,7 @@ def gpu_blocked_since(pods: Sequence[Mapping[str, Any]]) -> float | None:
                 and c.get("status") == "False"
                 and f"Insufficient {GPU_RESOURCE}" in str(c.get("message") or "")
             ):
-                t = _seconds(c.get("lastTransitionTime"))
+                t = parse_rfc3339(c.get("lastTransitionTime"))
                 if t is not None and (since is None or t < since):
                     since = t
     return since

@@ -7,7 +7,6 @@ Status is always compared with what is stored (:func:`changed_fields`), so an id
 
 from __future__ import annotations
 
-import datetime
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,7 +20,15 @@ from batchfill.policy import conditions as cond
 from batchfill.policy.plan import PlanWarning, significant
 from batchfill.policy.scaling import Decision, Recommendation
 from batchfill.policy.signals import ModelSignals, SignalState
-from batchfill.render.kube import CONFIG_HASH_ANNOTATION, CONFIG_NAME_INFIX, FIELD_MANAGER, template_config_name
+from batchfill.render.kube import (
+    CONFIG_HASH_ANNOTATION,
+    CONFIG_HASH_FIELD,
+    CONFIG_NAME_INFIX,
+    FIELD_MANAGER,
+    REPLICAS_FIELD,
+    managed_field,
+    template_config_name,
+)
 
 _OBSERVED_DIGITS = 3  # significant digits of status.observed: finer noise would rewrite status every tick
 
@@ -217,15 +224,16 @@ def _template(deployment: Mapping[str, Any]) -> Mapping[str, Any]:
     return ((deployment.get("spec") or {}).get("template")) or {}
 
 
+def field_managers(deployment: Mapping[str, Any], path: Sequence[str]) -> list[str]:
+    """The field managers whose ``managedFields`` entry owns the field at ``path`` (a ``fieldsV1`` path such as
+    ``render.kube.REPLICAS_FIELD``); empty when none does."""
+    entries = (deployment.get("metadata") or {}).get("managedFields") or []
+    return [str(e.get("manager") or "?") for e in entries if managed_field(e.get("fieldsV1"), path) is not None]
+
+
 def config_hash_managers(deployment: Mapping[str, Any]) -> list[str]:
     """The field managers that own the pod template's config-hash annotation (its managedFields)."""
-    owners = []
-    for entry in (deployment.get("metadata") or {}).get("managedFields") or []:
-        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
-        annotations = (((fields.get("f:template") or {}).get("f:metadata") or {}).get("f:annotations")) or {}
-        if isinstance(annotations, Mapping) and f"f:{CONFIG_HASH_ANNOTATION}" in annotations:
-            owners.append(str(entry.get("manager") or "?"))
-    return owners
+    return field_managers(deployment, CONFIG_HASH_FIELD)
 
 
 def hand_rollback(deployment: Mapping[str, Any] | None, desired: Desired) -> tuple[str, str]:
@@ -278,10 +286,7 @@ def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, statu
     """
     if deployment is None:
         return "the Triton Deployment is missing (deleted outside batchfill)"
-    annotations = (((deployment.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
-        "annotations"
-    ) or {}
-    served = annotations.get(CONFIG_HASH_ANNOTATION)
+    served = ((_template(deployment).get("metadata") or {}).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
     if served != desired.config_hash and not hand_rollback(deployment, desired)[0]:
         return f"the Deployment's pods carry config {served}, the plan's is {desired.config_hash}"
     wanted = desired.plan_status.model_dump(mode="json", exclude_none=True)
@@ -299,12 +304,7 @@ def replicas_managers(deployment: Mapping[str, Any]) -> list[str]:
     scale that status recorded but the Deployment never got (the operator killed between the status write and the
     scale call, or the scale refused): then batchfill still owns the field, at its older value.
     """
-    owners = []
-    for entry in (deployment.get("metadata") or {}).get("managedFields") or []:
-        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
-        if isinstance(fields, Mapping) and "f:replicas" in fields:
-            owners.append(str(entry.get("manager") or "?"))
-    return owners
+    return field_managers(deployment, REPLICAS_FIELD)
 
 
 # -- the scaling tick's status -----------------------------------------------------------------------------------
@@ -330,22 +330,12 @@ def observed_status(signals: ModelSignals) -> dict[str, float | None] | None:
     }
 
 
-def parse_time(rfc3339: str | None) -> float | None:
-    """Seconds since the epoch of an RFC 3339 time as status stores it (None when absent or malformed)."""
-    if not rfc3339:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(rfc3339).timestamp()
-    except ValueError:
-        return None
-
-
 def stored_votes(stored: Any) -> tuple[Recommendation, ...]:
     """status.scalingHistory as votes; malformed entries (a hand-edited status) are skipped."""
     out = []
     for v in stored if isinstance(stored, list) else []:
         try:
-            t = parse_time(v.get("time"))
+            t = cond.parse_rfc3339(v.get("time"))
             replicas, ready = int(v["replicas"]), int(v["ready"])
         except (AttributeError, KeyError, TypeError, ValueError):
             continue

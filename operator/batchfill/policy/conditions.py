@@ -7,6 +7,7 @@ unchanged input produces an identical list and the caller can skip the status wr
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,16 @@ class ConditionUpdate:
 def rfc3339(now: float) -> str:
     """Seconds since the epoch -> ``2026-11-29T12:00:00Z`` (metav1.Time has second precision)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(now)))
+
+
+def parse_rfc3339(text: str | None) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as the API stores it (None when absent or malformed)."""
+    if not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def apply_conditions(

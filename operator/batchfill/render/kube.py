@@ -27,6 +27,19 @@ SOURCE_DIR = "/model-source"
 CONFIG_DIR = "/etc/batchfill/config"
 CONFIG_KEY = "config.pbtxt"
 CONFIG_HASH_ANNOTATION = "batchfill.io/config-hash"
+#: managedFields (``fieldsV1``) paths of the Deployment fields whose owners the loops read: who set the replica
+#: count (a hand scale) and who set the pod template's config hash (a hand rollback).
+REPLICAS_FIELD = ("f:spec", "f:replicas")
+CONFIG_HASH_FIELD = ("f:spec", "f:template", "f:metadata", "f:annotations", f"f:{CONFIG_HASH_ANNOTATION}")
+
+
+def managed_field(fields: Any, path: Sequence[str]) -> Any:
+    """The node at ``path`` in one managedFields entry's ``fieldsV1`` (None when the entry does not own it)."""
+    for key in path:
+        fields = fields.get(key) if isinstance(fields, Mapping) else None
+    return fields
+
+
 MODEL_LABEL = "batchfill.io/batchedmodel"
 #: Triton's NGC images run as this user (uid 1000, "triton-server").
 TRITON_UID = 1000
