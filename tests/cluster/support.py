@@ -4,6 +4,7 @@ operator as a subprocess that can be killed and started again."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -372,3 +373,12 @@ class DenyPolicy:
             except ApiException as e:
                 if e.status != 404:
                     raise
+
+
+def require_real_node_tools() -> None:
+    """Skip (fail under CI) unless this runs as root with the tools a real node needs."""
+    if os.geteuid() != 0:
+        skip_or_fail("real nodes need root (network namespaces, mounts, cgroups)")
+    missing = [t for t in ("containerd", "runc", "ctr", "umoci", "skopeo", "ip") if shutil.which(t) is None]
+    if missing:
+        skip_or_fail(f"real nodes need {missing} (the Makefile's DEB_PACKAGES)")

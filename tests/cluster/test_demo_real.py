@@ -9,7 +9,6 @@ node's namespaces, mounts, veths, cgroups).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -23,7 +22,7 @@ from batchfill.cli import demo
 from batchfill.testbed.node.cleanup import mounts_under
 
 from .conftest import USE_EXISTING
-from .support import skip_or_fail
+from .support import require_real_node_tools
 from .test_demo import SLACK_S, Demo, _wait_gone, demos  # noqa: F401 - demos is a fixture
 
 pytestmark = [
@@ -36,11 +35,7 @@ NEEDS_KUBELET = True
 
 @pytest.fixture(autouse=True)
 def _root_and_tools() -> None:
-    if os.geteuid() != 0:
-        skip_or_fail("real nodes need root (network namespaces, mounts, cgroups)")
-    missing = [t for t in ("containerd", "runc", "ctr", "umoci", "skopeo", "ip") if shutil.which(t) is None]
-    if missing:
-        skip_or_fail(f"real nodes need {missing} (the Makefile's DEB_PACKAGES)")
+    require_real_node_tools()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ This test starts a cluster of its own (the session's ``kube`` cluster has no rea
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from batchfill.testbed.node import REAL_NODE_LABEL, RealNodes, gpus_allocatable,
 from batchfill.testbed.node.cleanup import pids_in_netns
 from batchfill.testbed.node.images import busybox_image
 
-from .support import skip_or_fail, wait_for
+from .support import require_real_node_tools, wait_for
 
 pytestmark = pytest.mark.cluster
 #: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.
@@ -75,17 +74,9 @@ def machine_before() -> dict[str, Any]:
     return {"sysctls": _sysctls(), "cgroups": _cgroup_dirs(), "netns": _netns(), "links": _links()}
 
 
-def _require_root_and_tools() -> None:
-    if os.geteuid() != 0:
-        skip_or_fail("real nodes need root (network namespaces, mounts, cgroups)")
-    missing = [t for t in ("containerd", "runc", "ctr", "umoci", "skopeo", "ip") if shutil.which(t) is None]
-    if missing:
-        skip_or_fail(f"real nodes need {missing} (the Makefile's DEB_PACKAGES)")
-
-
 @pytest.fixture
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[devcluster.ClusterInfo, Path]]:
-    _require_root_and_tools()
+    require_real_node_tools()
     run_dir = tmp_path_factory.mktemp("realnode")
     try:
         info = devcluster.cluster_up(run_dir, 0, 0, real_nodes=1, die_with_parent=True, quiet=True)
@@ -203,7 +194,7 @@ def test_down_in_another_process_after_the_kubelet_and_containerd_crashed(
 ) -> None:
     """``up`` and ``down`` are separate commands; the node's kubelet and containerd are SIGKILLed in between, so
     their container shims and containers are left running for ``down`` to find by namespace and cgroup."""
-    _require_root_and_tools()
+    require_real_node_tools()
     run_dir = tmp_path_factory.mktemp("realnode-crash")
     _cli("up", "--run-dir", str(run_dir), "--gpu-nodes", "0", "--real-nodes", "1")
     try:

@@ -229,6 +229,7 @@ def _as_node_error() -> Iterator[None]:
         raise RealNodeError(f"{type(e).__name__}: {e}") from e
 
 
+@_as_node_error()
 def start_real_nodes(
     count: int,
     *,
@@ -251,28 +252,6 @@ def start_real_nodes(
     Returns what was started (also passed to ``save`` after every step). Raises :class:`RealNodeError` (what was
     started stays recorded for :func:`~.cleanup.teardown_all`).
     """
-    with _as_node_error():
-        return _start_real_nodes(count, run_dir=run_dir, pod_block=pod_block, apiserver_port=apiserver_port,
-                                 bin_dir=bin_dir, admin_kubeconfig=admin_kubeconfig, save=save, con=con,
-                                 timeout_s=timeout_s, die_with_parent=die_with_parent, gpus=gpus,
-                                 plugin_bin=plugin_bin)  # fmt: skip
-
-
-def _start_real_nodes(
-    count: int,
-    *,
-    run_dir: Path,
-    pod_block: str,
-    apiserver_port: int,
-    bin_dir: Path,
-    admin_kubeconfig: Path,
-    save: Callable[[RealNodes], None],
-    con: Console,
-    timeout_s: float,
-    die_with_parent: bool,
-    gpus: int,
-    plugin_bin: Path | None,
-) -> RealNodes:
     plans = plan_nodes(pod_block, count)
     check_plans(plans, machine_networks(), netns_names())
     real = RealNodes(sysctls=read_sysctls())
