@@ -180,3 +180,13 @@ def test_termination_serves_stale_endpoints_then_drains_before_the_grace_period_
     # the hook's delay, then Triton's drain, both inside the grace period (SIGKILL after it)
     assert 10 + exit_timeout < pod["terminationGracePeriodSeconds"]
     assert (exit_timeout, pod["terminationGracePeriodSeconds"]) == (30, 60)
+
+
+def test_grpc_connections_are_aged_so_clients_rebalance_and_a_user_flag_wins() -> None:
+    args = build_deployment(OWNER, spec_with(), "h", 1)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--grpc-max-connection-age=30000" in args
+    assert "--grpc-max-connection-age-grace=10000" in args
+    mine = spec_with(args=["--grpc-max-connection-age=5000"])
+    args = build_deployment(OWNER, mine, "h", 1)["spec"]["template"]["spec"]["containers"][0]["args"]
+    ages = [a for a in args if a.startswith("--grpc-max-connection-age=")]
+    assert ages == ["--grpc-max-connection-age=30000", "--grpc-max-connection-age=5000"]  # tritonserver keeps the last

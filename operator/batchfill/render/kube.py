@@ -54,6 +54,14 @@ STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 120
 PRESTOP_DELAY_S = 10
 EXIT_TIMEOUT_S = 30
 TERMINATION_GRACE_S = PRESTOP_DELAY_S + EXIT_TIMEOUT_S + 20
+#: gRPC clients (tritonclient among them) keep one HTTP/2 connection, and a ClusterIP Service balances connections,
+#: not requests: a client stays on the pods that existed when it connected. Triton closes each gRPC connection
+#: after GRPC_MAX_CONNECTION_AGE_MS (a GOAWAY; requests in flight get GRPC_MAX_CONNECTION_AGE_GRACE_MS more), the
+#: client reconnects on its own, and the Service picks a pod again, so a replica added by a scale-out gets traffic
+#: within one age (https://github.com/grpc/proposal/blob/master/A9-server-side-conn-mgt.md). A later
+#: ``spec.triton.args`` entry of the same flag overrides it (tritonserver keeps the last).
+GRPC_MAX_CONNECTION_AGE_MS = 30_000
+GRPC_MAX_CONNECTION_AGE_GRACE_MS = 10_000
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,8 @@ def triton_args(spec: BatchedModelSpec) -> list[str]:
         "--allow-gpu-metrics=true",
         "--metrics-config=summary_latencies=true",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        f"--grpc-max-connection-age={GRPC_MAX_CONNECTION_AGE_MS}",
+        f"--grpc-max-connection-age-grace={GRPC_MAX_CONNECTION_AGE_GRACE_MS}",
     ]
     if spec.model.inputs and spec.model.outputs:
         args.append("--disable-auto-complete-config")
