@@ -11,8 +11,8 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # shipped in nvidia-pytriton links against, and Prometheus 2.42, the real server the metrics tests scrape with.
 # The dev cluster's real nodes (`dev-cluster up --real-nodes N`, tests/cluster/test_real_node.py): containerd,
 # runc, the CNI plugins, iproute2 and iptables (the kubelet's and the CNI plugins' rules, inside the node's
-# namespace), openssl (certificates). The local Triton and pause images (scripts/build-triton-image.sh):
-# debootstrap, umoci, skopeo and busybox-static.
+# namespace), openssl (certificates). The local Triton image (scripts/build-triton-image.sh):
+# debootstrap, umoci, skopeo; the nodes' pause and test-pod image: busybox-static.
 DEB_PACKAGES := python3.11 python3.11-venv libpython3.11 prometheus debootstrap \
 	containerd runc containernetworking-plugins iproute2 iptables umoci skopeo busybox-static openssl
 

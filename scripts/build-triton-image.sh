@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
-# Build the container images a real node of the test bed runs, without Docker and without a registry:
-#   triton  batchfill.local/tritonserver:<tag>  tritonserver 2.51 from the nvidia-pytriton wheel, its Python-backend
-#           stub, onnxruntime, numpy and the OCR example's weights, on a Debian bookworm minbase root filesystem
-#   pause   batchfill.local/pause:<tag>         busybox (static) waiting for SIGTERM: containerd's sandbox_image
-# Each is a docker-archive tar (`ctr images import` takes it), cached outside the repository and named by a hash of
-# its inputs, so it is rebuilt only when one of them changes.
+# Build the Triton image a real node of the test bed runs, without Docker and without a registry:
+#   batchfill.local/tritonserver:<tag>  tritonserver 2.51 from the nvidia-pytriton wheel, its Python-backend stub,
+#   onnxruntime, numpy and the OCR example's weights, on a Debian bookworm minbase root filesystem
+# as a docker-archive tar (`ctr images import` takes it), cached outside the repository and named by a hash of its
+# inputs, so it is rebuilt only when one of them changes. (The nodes' pause image is busybox, built in Python:
+# operator/batchfill/testbed/node/images.py.)
 #
-#   scripts/build-triton-image.sh [triton|pause]              build if missing; print the archive path last on stdout
-#   scripts/build-triton-image.sh [triton|pause] --check      exit 0 when the archive exists, 1 otherwise (no build)
-#   scripts/build-triton-image.sh [triton|pause] --print-path print the archive path (no build)
-#   scripts/build-triton-image.sh [triton|pause] --print-ref  print the image reference (no build)
-#   scripts/build-triton-image.sh [triton|pause] --force      rebuild
-# The image defaults to triton.
+#   scripts/build-triton-image.sh [triton]              build if missing; print the archive path last on stdout
+#   scripts/build-triton-image.sh [triton] --check      exit 0 when the archive exists, 1 otherwise (no build)
+#   scripts/build-triton-image.sh [triton] --print-path print the archive path (no build)
+#   scripts/build-triton-image.sh [triton] --print-ref  print the image reference (no build)
+#   scripts/build-triton-image.sh [triton] --force      rebuild
 #
 # Output (outside the repository; never committed):
-#   ${BATCHFILL_IMAGE_CACHE:-$HOME/.cache/batchfill/images}/tritonserver-<hash>.tar, pause-<hash>.tar
+#   ${BATCHFILL_IMAGE_CACHE:-$HOME/.cache/batchfill/images}/tritonserver-<hash>.tar
 #   .../wheels/   the wheels pip downloaded (a warm rebuild installs from here, --no-index)
 #   .../<name>-<hash>.build.log   the build's output when batchfill.testbed.images runs it (by hand: stderr)
 # Archives of older inputs stay until removed by hand (rm ~/.cache/batchfill/images/tritonserver-*.tar): two
 # checkouts with different versions of this script then do not rebuild over each other.
 # <hash>: the first 16 hex digits of sha256 over this script's text and every value below that the environment
-# may override (suite, Debian packages, wheel pins; for pause, the busybox binary). The Debian mirror is not an
+# may override (suite, Debian packages, wheel pins). The Debian mirror is not an
 # input: every mirror serves the same suite.
 #
 # How: `debootstrap --variant=minbase` (from the mirror apt uses, read from /etc/apt/sources.list{,.d}) into the
@@ -53,7 +52,7 @@ image=triton
 mode=build
 for arg in "$@"; do
   case "$arg" in
-    triton|pause) image=$arg ;;
+    triton) image=$arg ;;
     --check) mode=check ;;
     --print-path) mode=print-path ;;
     --print-ref) mode=print-ref ;;
@@ -73,24 +72,15 @@ if [ -z "$PYTRITON_VERSION" ]; then
   log "no nvidia-pytriton==X pin found in $PYPROJECT (set BATCHFILL_PYPROJECT)"; exit 2
 fi
 WHEELS="nvidia-pytriton==$PYTRITON_VERSION numpy==$NUMPY_VERSION onnxruntime==$ONNXRUNTIME_VERSION $EXTRA_WHEELS"
-BUSYBOX=${BATCHFILL_IMAGE_BUSYBOX:-/bin/busybox}
 
 input_hash() {
   {
     cat "${BASH_SOURCE[0]}"
-    if [ "$image" = triton ]; then
-      printf 'suite=%s\ndebs=%s\nwheels=%s\npython=%s\n' "$SUITE" "$DEB_PACKAGES" "$WHEELS" "$PY"
-    else
-      if [ ! -f "$BUSYBOX" ]; then echo "no-busybox"; else sha256sum < "$BUSYBOX"; fi
-    fi
+    printf 'suite=%s\ndebs=%s\nwheels=%s\npython=%s\n' "$SUITE" "$DEB_PACKAGES" "$WHEELS" "$PY"
   } | sha256sum | cut -c1-16
 }
 HASH=$(input_hash)
-if [ "$image" = triton ]; then
-  NAME=tritonserver; REF="batchfill.local/tritonserver:$TRITON_VERSION-$HASH"
-else
-  NAME=pause; REF="batchfill.local/pause:$HASH"
-fi
+NAME=tritonserver; REF="batchfill.local/tritonserver:$TRITON_VERSION-$HASH"
 ARCHIVE=$CACHE/$NAME-$HASH.tar
 
 case "$mode" in
@@ -107,13 +97,8 @@ fi
 need() {  # command debian-package
   command -v "$1" >/dev/null 2>&1 || { log "$1 is missing: apt-get install $2"; exit 3; }
 }
-need umoci umoci; need skopeo skopeo
-if [ "$image" = triton ]; then
-  need debootstrap debootstrap
-  "$PIP_PYTHON" -m pip --version >/dev/null 2>&1 || { log "$PIP_PYTHON -m pip does not run (set BATCHFILL_PIP_PYTHON)"; exit 3; }
-else
-  [ -x "$BUSYBOX" ] || { log "$BUSYBOX is missing: apt-get install busybox-static"; exit 3; }
-fi
+need umoci umoci; need skopeo skopeo; need debootstrap debootstrap
+"$PIP_PYTHON" -m pip --version >/dev/null 2>&1 || { log "$PIP_PYTHON -m pip does not run (set BATCHFILL_PIP_PYTHON)"; exit 3; }
 
 mkdir -p "$CACHE"
 # One build per cache at a time (parallel test sessions, a developer's shell).
@@ -129,7 +114,7 @@ unmount_under() {  # dir: every mount below it, deepest first (debootstrap's own
 }
 # Under the lock every temporary folder of ours is a dead build's (SIGKILL runs no trap). --one-file-system: a mount
 # that would not go away (a bind of /dev) is never descended into.
-for stale in "$CACHE"/.tmp-tritonserver.* "$CACHE"/.tmp-pause.*; do
+for stale in "$CACHE"/.tmp-tritonserver.*; do
   [ -d "$stale" ] || continue
   log "removing $stale, left by a build that was killed"
   unmount_under "$stale"; rm -rf --one-file-system "$stale"
@@ -192,20 +177,6 @@ oci_finish() {  # config flags... : repack the bundle, set the config, write the
 }
 
 T0=$(date +%s)
-
-# --- pause -------------------------------------------------------------------------------------------------------
-if [ "$image" = pause ]; then
-  oci_start
-  mkdir -p "$ROOTFS/bin"
-  cp "$BUSYBOX" "$ROOTFS/bin/busybox"
-  ln -s busybox "$ROOTFS/bin/sh"
-  ln -s busybox "$ROOTFS/bin/sleep"
-  # PID 1 of a sandbox gets only the signals it handles: trap TERM (and INT) and exit at once. `sleep & wait`,
-  # because a trap runs only between commands, and `wait` returns at a signal where a foreground sleep would not.
-  oci_finish --config.user=0:0 --config.workingdir=/ --config.entrypoint=/bin/sh --config.entrypoint=-c \
-    --config.entrypoint="trap 'exit 0' TERM INT; while :; do sleep 3600 & wait \$!; done"
-  exit 0
-fi
 
 # --- triton: Debian root filesystem --------------------------------------------------------------------------------
 MIRROR=$(debian_mirror)

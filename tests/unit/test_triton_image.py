@@ -83,17 +83,6 @@ def test_the_archive_is_named_by_a_hash_of_the_inputs_and_only_they_change_it(
     assert archive_of("triton", script_env, script=edited) not in seen
 
 
-def test_the_pause_image_hash_follows_the_busybox_binary(script_env: dict[str, str], tmp_path: Path) -> None:
-    one, two = tmp_path / "busybox1", tmp_path / "busybox2"
-    one.write_bytes(b"one")
-    two.write_bytes(b"two")
-    a = archive_of("pause", {**script_env, "BATCHFILL_IMAGE_BUSYBOX": str(one)})
-    b = archive_of("pause", {**script_env, "BATCHFILL_IMAGE_BUSYBOX": str(two)})
-    assert Path(a).name.startswith("pause-")
-    assert a != b
-    assert archive_of("pause", {**script_env, "BATCHFILL_IMAGE_BUSYBOX": str(one)}) == a
-
-
 def test_check_print_ref_and_a_cache_hit(script_env: dict[str, str]) -> None:
     assert run_script("--check", env=script_env).returncode == 1
     ref = run_script("--print-ref", env=script_env).stdout.strip()
@@ -128,15 +117,15 @@ def test_ensure_image_forwards_progress_and_names_the_log_on_failure(
     monkeypatch.setenv("BATCHFILL_BUILD_IMAGE_SCRIPT", str(fake))
     monkeypatch.setenv("BATCHFILL_IMAGE_CACHE", str(cache))
     with pytest.raises(images.ImageUnavailableError, match="missing; run"):
-        images.ensure_pause_image(build=False)
+        images.ensure_image("sample", build=False)
     lines: list[str] = []
-    got = images.ensure_pause_image(progress=lines.append)
-    assert got == images.ImageArchive(cache / "pause-test.tar", "batchfill.local/pause:test")
+    got = images.ensure_image("sample", progress=lines.append)
+    assert got == images.ImageArchive(cache / "sample-test.tar", "batchfill.local/sample:test")
     assert got.path.read_text() == "tar\n"
     assert lines[-1] == "[build-image] step one"
     assert "not a progress line" not in lines
-    assert "not a progress line" in (cache / "pause-test.build.log").read_text()  # the whole output is logged
-    assert images.ensure_pause_image(progress=lines.append) == got
+    assert "not a progress line" in (cache / "sample-test.build.log").read_text()  # the whole output is logged
+    assert images.ensure_image("sample", progress=lines.append) == got
     assert len(lines) == 2
     monkeypatch.setenv("FAIL", "1")
     with pytest.raises(images.ImageUnavailableError, match="exited with 3: a tool the build needs") as err:

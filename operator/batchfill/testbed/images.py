@@ -10,8 +10,9 @@ one of them changes. A node imports the tar (``ctr -n k8s.io images import``) an
   :func:`batchfill.render.kube.build_deployment` renders unchanged (``tritonserver ...`` args, the init
   container's ``sh -c``, uid 1000) under ``tini``. 1 to 3 minutes cold (2 cores, idle or busy), a cache hit in
   about 0.05 s.
-* the pause image (:func:`ensure_pause_image`): static busybox waiting for SIGTERM, containerd's
-  ``sandbox_image``.
+
+The nodes' pause image and the small test-pod image are busybox, built without the script
+(:mod:`batchfill.testbed.node.images`).
 """
 
 from __future__ import annotations
@@ -68,15 +69,8 @@ def ensure_triton_image(
     return ensure_image("triton", console, build=build, progress=progress)
 
 
-def ensure_pause_image(
-    console: Console | None = None, *, build: bool = True, progress: Callable[[str], None] | None = None
-) -> ImageArchive:
-    """The pause image's archive (containerd's ``sandbox_image``), built first when it is missing (under 1 s)."""
-    return ensure_image("pause", console, build=build, progress=progress)
-
-
 def image_archive(image: str) -> ImageArchive:
-    """Where the script puts ``image``'s archive (``triton`` or ``pause``) and its reference; builds nothing.
+    """Where the script puts ``image``'s archive (``triton``) and its reference; builds nothing.
 
     Raises:
         ImageUnavailableError: the script is not there or cannot name the archive.
@@ -91,7 +85,7 @@ def ensure_image(
     build: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> ImageArchive:
-    """``image``'s archive (``triton`` or ``pause``), running the build script first when it is missing.
+    """``image``'s archive (``triton``), running the build script first when it is missing.
 
     The build writes its output to ``<cache>/<archive name>.build.log``; each of its progress lines (the step,
     the elapsed time; one at least every 30 s) goes to ``progress`` (default: printed unwrapped on ``console``).
