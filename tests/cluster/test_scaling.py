@@ -4,7 +4,8 @@ The operator runs as the install's ServiceAccount (as in test_operator.py) with 
 window, as a subprocess a test can SIGKILL and start again (``support.Operator``). Triton pods are kwok pods on
 fake GPU nodes; each Ready pod is paired with a real tritonserver (sleep model: ``40 + 6·b`` ms per batch) whose
 metrics a real Prometheus scrapes with the pod's ``namespace``/``pod`` labels, exactly as a ServiceMonitor would
-label them. Poisson load is spread round-robin over the Ready pods' servers (a Service). Checked, in one
+label them. Poisson load is spread round-robin over the Ready pods' servers (a Service). The profile measured
+from the pods' statistics and the scaling on them run on real pods in test_real_pods.py. Checked, in one
 BatchedModel's life:
 
 1. Auto: a load of 1.5 replicas' worth saturates the single replica -> scaled to 2 through the Deployment's scale
@@ -12,17 +13,13 @@ BatchedModel's life:
 2. Prometheus stopped mid-run -> MetricsAvailable=False, replicas held although the load dropped; Prometheus back
    -> MetricsAvailable=True, and after the stabilization window the low load scales in to 1;
 3. Advise: the same high load only writes the recommendation (desiredReplicas 2); the Deployment stays at 1;
-4. no profile: a first plan (capacity unknown) is served, the operator reads Triton's statistics of the pod at
-   ``<pod IP>:8000`` (kwok gives pods loopback addresses from their node's podCIDR, and the pod's tritonserver
-   listens there), fits the profile, adopts it with one Event, and the Deployment rolls exactly once;
-5. the operator SIGKILLed between the two writes of a scale-out (status appliedReplicas 2 written, the scale call
+4. the operator SIGKILLed between the two writes of a scale-out (status appliedReplicas 2 written, the scale call
    not made: an admission policy refuses it): nothing changes while it is dead; restarted, it scales the
    Deployment to exactly 2 once, from its status, and holds 2 under the same load.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import signal
@@ -41,12 +38,10 @@ from batchfill.api.reasons import (
     ConditionReason,
     ConditionType,
     EventReason,
-    ReplanReason,
     ScalingReason,
     SignalsReason,
 )
-from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, ProfilingSpec
-from batchfill.api.status import PlannedProfileSource
+from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from batchfill.render.kube import MODEL_LABEL, template_config_name
 from batchfill.testbed.balancer import BalancedLoad
 from batchfill.testbed.loadgen import grpc_fp32_input
@@ -365,124 +360,6 @@ def test_manual_replica_edits_restored_in_auto_respected_in_off_and_advise(lab: 
     assert lab.replicas(name) == 2, "switching to Auto restored a count Auto never applied"
     assert len(events(EventReason.MANUAL_SCALE_REVERTED)) == 1
     assert lab.bm(name)["status"].get("appliedReplicas") == 2  # Auto owns it from here on
-    lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
-
-
-def test_a_model_without_a_profile_reaches_a_measured_plan(lab: Lab) -> None:
-    name = "measured"
-    lab.following = name
-    body = sleep_model(name, "Auto")
-    del body["spec"]["profile"]
-    body["spec"]["batching"] = {"maxBatchSize": 16}
-    body["spec"]["profiling"] = {"minExecutions": 20, "replanIntervalSeconds": 60}
-    # T = 100 ms: the measured l(16) = 136 ms does not fit, so the measured plan batches less than the first
-    # plan's 16 and the config changes (an unchanged config would correctly not roll at all)
-    body["spec"]["sla"] = {"latencyP99Ms": 120, "networkOverheadMs": 20}
-    lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
-    bm = until("first plan", lambda: lab.bm(name), is_planned, 60)
-    assert condition(bm, ConditionType.PLANNED)["reason"] == ConditionReason.FIRST_PLAN, condition(
-        bm, ConditionType.PLANNED
-    )
-    assert condition(bm, ConditionType.SLA_FEASIBLE)["status"] == "Unknown"
-    assert bm["status"]["plan"]["capacityPerReplicaRps"] == 0
-    assert bm["status"]["plan"]["preferredBatchSizes"] == list(range(1, 17))
-    assert bm["status"]["plannedProfile"]["source"] == PlannedProfileSource.FIRST_PLAN
-    endpoints = until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
-    assert lab.kube.info is not None  # these tests run on the local dev cluster only
-    pod_ip = ipaddress.ip_address(endpoints[0].rsplit(":", 1)[0])
-    assert pod_ip in ipaddress.ip_network(lab.kube.info.pod_block), f"not on the cluster's pod IPs: {endpoints}"
-
-    lab.load.set_rate(20.0)  # l(1) = 46 ms: arrivals every 50 ms form batches of 1 to 3
-    load_started = time.monotonic()
-    bm = until(
-        "a plan from the measured profile",
-        lambda: lab.bm(name),
-        lambda b: (b["status"].get("plannedProfile") or {}).get("source") == PlannedProfileSource.MEASURED,
-        240,  # 10 s measured; 30-150 s before the profiling write used a fresh read (docs/design-notes.md)
-    )
-    print(f"measured profile adopted {time.monotonic() - load_started:.0f} s after the load started")
-    status = bm["status"]
-    points = status["plannedProfile"]["points"]
-    measured = [p for p in points if p["executions"] > 0]
-    assert measured, points
-    # No execution is shorter than the sleep (exact); above it, the backend's cost, whatever it is on this machine,
-    # must leave the nominal latency agreeing with the measurement by the operator's own rule
-    # (spec.profiling.tolerancePercent, 15 % by default): the premise of this module's declared profiles too.
-    # Queue time counted in, or a batch counted twice, is far more.
-    tolerance = ProfilingSpec.model_validate(body["spec"]["profiling"]).tolerancePercent / 100
-    print("measured (batch size, ms, excess over nominal):",
-          [(p["batchSize"], p["latencyMs"], round(p["latencyMs"] - ALPHA_MS - BETA_MS * p["batchSize"], 2))
-           for p in measured])  # fmt: skip
-    for p in measured:
-        nominal = ALPHA_MS + BETA_MS * p["batchSize"]
-        assert nominal <= p["latencyMs"] <= nominal * (1 + tolerance), f"batch {p['batchSize']}: {p} vs {nominal} ms"
-    assert points[-1]["batchSize"] == 16, "the fitted line extends the profile to spec.batching.maxBatchSize"
-    assert status["plannedProfile"]["reason"] == ReplanReason.PROFILE_MEASURED
-    assert status["measuredProfile"]["pods"] == 1
-    bm = until(
-        "Planned from the measured profile",
-        lambda: lab.bm(name),
-        lambda b: condition(b, ConditionType.PLANNED).get("reason") == ConditionReason.PLANNED_FROM_MEASURED_PROFILE,
-        30,
-    )
-    assert bm["status"]["plan"]["capacityPerReplicaRps"] > 0
-    assert bm["status"]["plan"]["maxBatchSize"] < 16, bm["status"]["plan"]
-    assert condition(bm, ConditionType.SLA_FEASIBLE)["status"] == "True"
-    template = lab.kube.api.sanitize_for_serialization(
-        lab.kube.apps.read_namespaced_deployment(f"{name}-triton", lab.ns).spec.template.spec
-    )
-    config = lab.kube.core.read_namespaced_config_map(template_config_name(template), lab.ns).data["config.pbtxt"]
-    assert f"max_batch_size: {bm['status']['plan']['maxBatchSize']}" in config
-
-    time.sleep(12)  # several profiling passes: the adoption must not repeat, nor the roll
-    events = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
-    reasons = [e.reason for e in events]
-    assert reasons.count(ReplanReason.PROFILE_MEASURED) == 1, reasons
-    assert reasons.count(EventReason.CONFIG_CHANGED) == 1, f"the Deployment must roll exactly once: {reasons}"
-    assert not [e for e in events if e.type == "Warning"], [
-        (e.reason, e.message) for e in events if e.type == "Warning"
-    ]
-    lab.load.set_rate(0)
-    lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
-
-
-def test_a_declared_profile_the_pods_contradict_is_replanned_once(lab: Lab) -> None:
-    """spec.profile says the model is twice as slow as it runs: the measurement disagrees beyond the tolerance,
-    the plan is rebuilt from it with one ProfileDisagrees event giving both values, and the Deployment rolls once."""
-    name = "declared"
-    lab.following = name
-    body = sleep_model(name, "Auto")
-    slow = [{"batchSize": b, "latencyMs": 2 * (ALPHA_MS + BETA_MS * b)} for b in (1, 2, 4, 8, 16)]
-    body["spec"]["profile"] = slow
-    body["spec"]["profiling"] = {"minExecutions": 20, "replanIntervalSeconds": 600, "tolerancePercent": 15}
-    lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
-    bm = until("planned", lambda: lab.bm(name), is_planned, 60)
-    assert condition(bm, ConditionType.PLANNED)["reason"] == ConditionReason.PLANNED
-    declared_b = bm["status"]["plan"]["maxBatchSize"]
-    until("its pod serving", lambda: lab.tritons.endpoints(), lambda e: len(e) == 1, 90)
-
-    lab.load.set_rate(20.0)
-    bm = until(
-        "a replan from the measurement",
-        lambda: lab.bm(name),
-        lambda b: (
-            (b["status"].get("plannedProfile") or {}).get("source") == PlannedProfileSource.MEASURED
-            and condition(b, ConditionType.PLANNED).get("reason") == ConditionReason.PLANNED_FROM_MEASURED_PROFILE
-        ),
-        240,
-    )
-    planned = bm["status"]["plannedProfile"]
-    assert planned["reason"] == ReplanReason.PROFILE_DISAGREES
-    assert re.search(r"declared \d+(\.\d+)? ms, measured \d+(\.\d+)? ms", planned["message"]), planned["message"]
-    assert bm["status"]["plan"]["maxBatchSize"] > declared_b, "the faster measured model batches more within T"
-    time.sleep(12)  # several profiling passes: the adopted measurement agrees, nothing more happens
-    events = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
-    reasons = [e.reason for e in events]
-    assert reasons.count(ReplanReason.PROFILE_DISAGREES) == 1, reasons
-    assert reasons.count(EventReason.CONFIG_CHANGED) == 1, f"the Deployment must roll exactly once: {reasons}"
-    message = next(e.message for e in events if e.reason == ReplanReason.PROFILE_DISAGREES)
-    assert re.search(r"declared \d+(\.\d+)? ms, measured \d+(\.\d+)? ms", message), message
-    lab.load.set_rate(0)
     lab.custom.delete_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, name)
 
 
