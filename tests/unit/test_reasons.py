@@ -113,6 +113,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "MANUAL_SCALE_REVERTED": "ManualScaleReverted",
         "SCALE_RESUMED": "ScaleResumed",
         "STATISTICS_UNAVAILABLE": "StatisticsUnavailable",
+        "GENERATION_UNHANDLED": "GenerationUnhandled",
     },
     ProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured"},
     PlannedProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured", "FIRST_PLAN": "FirstPlan"},

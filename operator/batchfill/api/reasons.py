@@ -155,3 +155,6 @@ class EventReason(StrEnum):
     #: a scale status recorded but the Deployment never got (the operator stopped in between) was completed
     SCALE_RESUMED = "ScaleResumed"
     STATISTICS_UNAVAILABLE = "StatisticsUnavailable"
+    #: status did not observe a generation for BATCHFILL_UNHANDLED_GENERATION_SECONDS (a stalled watch, a stuck
+    #: handler): the scaling loop reconciled it itself (controller.loops.ScalingLoop)
+    GENERATION_UNHANDLED = "GenerationUnhandled"
