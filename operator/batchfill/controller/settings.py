@@ -14,7 +14,7 @@
 | BATCHFILL_WATCH_SERVER_TIMEOUT_SECONDS | 300 | kopf's WATCH requests ask the API server to end them after this |
 | BATCHFILL_WATCH_CLIENT_TIMEOUT_SECONDS | 330 | kopf gives up on a WATCH request after this, whatever the server does |
 | BATCHFILL_WATCH_CONNECT_TIMEOUT_SECONDS | 10 | kopf's connect and TLS handshake of a WATCH request |
-| BATCHFILL_UNHANDLED_GENERATION_SECONDS | 60 | a generation left unhandled this long is reconciled by the scaling loop |
+| BATCHFILL_UNHANDLED_GENERATION_SECONDS | 60 | a generation unhandled this long is reconciled by the scaling loop |
 | BATCHFILL_API_QPS | 20 | the operator's own API requests per second on average (kopf's own requests aside) |
 | BATCHFILL_API_BURST | 30 | requests the client-side limit lets through at once |
 | BATCHFILL_PROFILE_INTERVAL_SECONDS | 60 | how often Triton's statistics of the Ready pods are read (profiling) |
