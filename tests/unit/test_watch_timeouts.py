@@ -20,6 +20,8 @@ def test_kopf_watches_get_finite_timeouts_from_the_settings_defaults() -> None:
         kopf_settings.watching.client_timeout,
         kopf_settings.watching.connect_timeout,
     ) == (300.0, 330.0, 10.0)
+    # kopf sends str(server_timeout) as timeoutSeconds; the API server parses an integer ("300.0" is HTTP 400)
+    assert str(kopf_settings.watching.server_timeout) == "300"
 
 
 def test_watch_timeouts_and_the_bound_come_from_the_environment() -> None:
@@ -35,6 +37,11 @@ def test_watch_timeouts_and_the_bound_come_from_the_environment() -> None:
     assert (kopf_settings.watching.server_timeout, kopf_settings.watching.client_timeout) == (20.0, 25.0)
     assert kopf_settings.watching.connect_timeout == 3.0
     assert ours.unhandled_generation_s == 12.0
+
+
+def test_a_fractional_server_timeout_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        OperatorSettings.from_env({"BATCHFILL_WATCH_SERVER_TIMEOUT_SECONDS": "20.5"})
 
 
 def test_a_client_timeout_not_above_the_server_timeout_is_refused_by_name() -> None:

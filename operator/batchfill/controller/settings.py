@@ -113,8 +113,9 @@ class OperatorSettings(BaseModel):
     max_workers: int = Field(default=8, ge=1, le=256)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     # below the API server's own default (--min-request-timeout 1800 s, randomized up to 2x), so a watch is renewed
-    # often; the client timeout is larger, so a healthy server always ends the request first
-    watch_server_timeout_s: float = Field(default=300.0, ge=1, le=3600)
+    # often; the client timeout is larger, so a healthy server always ends the request first. Whole seconds: kopf
+    # sends it as str(value) in timeoutSeconds, and the API server refuses "300.0" (HTTP 400)
+    watch_server_timeout_s: int = Field(default=300, ge=1, le=3600)
     watch_client_timeout_s: float = Field(default=330.0, ge=1, le=7200)
     watch_connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
     unhandled_generation_s: float = Field(default=60.0, gt=0, le=86_400)
