@@ -318,6 +318,8 @@ class FakeKube:
     def set_replicas(self, dep: dict[str, Any], replicas: int, manager: str, subresource: str = "") -> None:
         if dep["spec"].get("replicas") != replicas:
             dep["metadata"]["generation"] += 1
+            if "status" in dep:  # the Deployment controller observes a scale at once (its pods come later)
+                dep["status"]["observedGeneration"] = dep["metadata"]["generation"]
         dep["spec"]["replicas"] = replicas
         dep["metadata"]["resourceVersion"] = self._rv()
         self.own_replicas(dep, manager, "Update", subresource)
