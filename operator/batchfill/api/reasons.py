@@ -33,7 +33,7 @@ class ConditionType(StrEnum):
     CONFIG_APPLIED = "ConfigApplied"
     #: True while the pods move to the plan's config (a rollout, a new plan); False once all of them serve it
     PROGRESSING = "Progressing"
-    #: kstatus' abnormal-true conditions (Flux, kubectl wait, kpt), present only while True: Reconciling while
+    #: kstatus' abnormal-true conditions (Flux, kpt), present only while True: Reconciling while
     #: Progressing or no replica is Ready yet, Stalled while Ready is False for a reason waiting cannot fix
     RECONCILING = "Reconciling"
     STALLED = "Stalled"

@@ -4,7 +4,7 @@ The way GitOps tools read a resource's health:
 
 * Argo CD runs the Lua health check shipped in ``deploy/argocd/health.lua`` (Ready, Progressing,
   ``observedGeneration``; https://argo-cd.readthedocs.io/en/stable/operator-manual/health/);
-* Flux, ``kubectl wait`` and kpt read kstatus: ``observedGeneration`` first, then the abnormal-true conditions
+* Flux and kpt read kstatus: ``observedGeneration`` first, then the abnormal-true conditions
   Reconciling and Stalled (https://github.com/kubernetes-sigs/cli-utils/blob/master/pkg/kstatus/README.md).
 
 Ready is True only when replicas serve, none is failing, every pod runs the plan's config and the SLA is not at
