@@ -75,8 +75,8 @@ class Operator:
     """``batchfill run`` with the install's ServiceAccount (its RBAC, not the admin's) as a subprocess that a test can
     kill (SIGKILL) and start again, as a Deployment's kubelet would restart it.
 
-    Each run logs to ``<work>/<log_name>-<run>.log``; :meth:`logs` is all runs' logs. ``env`` and ``args`` are passed
-    to every run (:func:`batchfill.testbed.install.operator_as_service_account`).
+    Each run logs to ``<work>/<log_name>-<run>.log``; :meth:`logs` is all runs' logs. ``env``, ``args`` and
+    ``server`` are passed to every run (:func:`batchfill.testbed.install.operator_as_service_account`).
     """
 
     def __init__(
@@ -86,8 +86,10 @@ class Operator:
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
         log_name: str = "operator",
+        server: str = "",
     ) -> None:
         self.kube, self.work, self.env, self.args, self.log_name = kube, work, env, args, log_name
+        self.server = server  # the API server URL the operator uses (a proxy), "" for the kubeconfig's
         self.runs = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self._stack = ExitStack()
@@ -102,7 +104,12 @@ class Operator:
         self._stack = ExitStack()
         self.proc = self._stack.enter_context(
             operator_as_service_account(
-                self.kube.kubeconfig, self.work, self.log_path(self.runs), self.env, args=self.args
+                self.kube.kubeconfig,
+                self.work,
+                self.log_path(self.runs),
+                self.env,
+                args=self.args,
+                server=self.server,
             )
         )
 

@@ -133,7 +133,7 @@ def test_valid_model_is_deployed_onto_gpu_nodes_with_status(kube: Kube, operator
         table = kube.kubectl("get", "bm", "-n", ns).stdout
         header = table.splitlines()[0].split()
         assert header[:3] == ["NAME", "SLA", "REPLICAS"]
-        assert {"DESIRED", "FILL", "QUEUE", "READY", "AGE"} <= set(header)
+        assert {"DESIRED", "FILL", "QUEUE", "READY", "PROGRESSING", "AGE"} <= set(header)
 
 
 def test_api_server_rejects_min_above_max_replicas(kube: Kube, operator: Any) -> None:

@@ -15,6 +15,7 @@ from batchfill.api.validate import load_model
 from batchfill.controller.desired import desired_state
 from batchfill.controller.status import changed_fields, desired_status, rejection_status
 from batchfill.policy.conditions import ConditionUpdate, apply_conditions, find, rfc3339
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION
 
 from .conftest import CASES_DOC, SEED_DOC
 
@@ -77,10 +78,22 @@ def test_a_rejection_names_the_field_in_conditions() -> None:
     assert status["observedGeneration"] == 4
 
 
+def served_by(desired: Any, *, replicas: int, ready: int) -> dict[str, Any]:
+    """A Deployment whose rollout of ``desired``'s config is complete, as the Deployment controller reports it."""
+    template = {"metadata": {"annotations": {CONFIG_HASH_ANNOTATION: desired.config_hash}}}
+    return {
+        "metadata": {"generation": 1},
+        "spec": {"replicas": replicas, "template": template},
+        "status": {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": ready,
+                   "availableReplicas": ready,
+                   "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]},
+    }  # fmt: skip
+
+
 def test_reconciled_status_and_idempotence() -> None:
     b = body(SEED_DOC)
     desired = desired_state(b["spec"])
-    dep = {"status": {"replicas": 2, "readyReplicas": 1}}
+    dep = served_by(desired, replicas=2, ready=1)
     wanted = desired_status(b, desired, dep, now=T0)
     assert wanted["plan"]["maxBatchSize"] == 7
     assert wanted["replicas"] == 2
@@ -91,7 +104,7 @@ def test_reconciled_status_and_idempotence() -> None:
     b2 = body(SEED_DOC, status=wanted)
     assert changed_fields(b2["status"], desired_status(b2, desired, dep, now=T1)) == {}
     # a changed replica count changes exactly those fields
-    again = desired_status(b2, desired, {"status": {"replicas": 3, "readyReplicas": 3}}, now=T1)
+    again = desired_status(b2, desired, served_by(desired, replicas=3, ready=3), now=T1)
     assert set(changed_fields(b2["status"], again)) == {"replicas", "readyReplicas", "conditions"}
 
 

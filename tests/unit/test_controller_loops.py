@@ -318,6 +318,8 @@ class FakeKube:
     def set_replicas(self, dep: dict[str, Any], replicas: int, manager: str, subresource: str = "") -> None:
         if dep["spec"].get("replicas") != replicas:
             dep["metadata"]["generation"] += 1
+            if "status" in dep:  # the Deployment controller observes a scale at once (its pods come later)
+                dep["status"]["observedGeneration"] = dep["metadata"]["generation"]
         dep["spec"]["replicas"] = replicas
         dep["metadata"]["resourceVersion"] = self._rv()
         self.own_replicas(dep, manager, "Update", subresource)
@@ -723,6 +725,82 @@ def test_a_generation_not_handled_yet_reads_and_writes_nothing(kube: FakeKube) -
     loop.tick(T0)
     assert kube.calls == [("list_batched_models",), ("cache.check", ("pods", "deployments"))]
     assert loop.memory["uid-bm-m"] == ScalingMemory(monitored=False)
+
+
+def test_a_generation_unhandled_past_the_bound_is_reconciled_by_the_loop_with_one_event(kube: FakeKube) -> None:
+    pods = planned_model(kube, "m", SCALING_SPEC)
+    prom = FakePrometheus()
+    prom.serve(pods, **LOW)
+    loop = scaling_loop(kube, prom)  # unhandled_generation_s: the default, 60 s
+    model = stored(kube, "m")
+    model["spec"]["sla"]["latencyP99Ms"] = 150  # edited; kopf's watch never delivers it (stalled)
+    model["metadata"]["generation"] = 2
+    config_before = kube.objects[(*DEPLOYMENT, NS, "m-triton")]["spec"]["template"]["metadata"]["annotations"]
+
+    loop.tick(T0)  # first seen unobserved
+    loop.tick(T0 + 45)
+    loop.tick(T0 + 60)  # exactly the bound: still the handler's to do
+    assert writes(kube) == []
+    assert loop.lags["uid-bm-m"].since == T0
+
+    loop.tick(T0 + 61)
+    assert writes(kube) == [
+        ("event", EventReason.GENERATION_UNHANDLED),
+        ("apply", "ConfigMap"),
+        ("apply", "Deployment"),
+        ("apply", "Service"),
+        ("apply", "ConfigMap"),  # the older config, handed to the ReplicaSets that mount it
+        ("event", EventReason.CONFIG_CHANGED),
+        ("status", ["conditions", "observedGeneration", "plan", "readyReplicas", "replicas"]),
+    ]
+    assert "generation 2 was not handled for 61 s (observed: 1;" in kube.events[0][2]
+    assert stored(kube, "m")["status"]["observedGeneration"] == 2
+    template = kube.objects[(*DEPLOYMENT, NS, "m-triton")]["spec"]["template"]["metadata"]["annotations"]
+    assert template != config_before, "the edited SLA's config is rolled out"
+
+    kube.calls.clear()
+    loop.tick(T0 + 76)  # observed now: an ordinary scaling tick, no second event
+    assert "uid-bm-m" not in loop.lags
+    assert EventReason.GENERATION_UNHANDLED not in [w[1] for w in writes(kube) if w[0] == "event"]
+    assert ("get", "Deployment", NS, "m-triton") not in kube.calls
+
+
+def test_an_unhandled_generation_whose_reconcile_fails_is_retried_each_tick_with_one_event(kube: FakeKube) -> None:
+    pods = planned_model(kube, "m", SCALING_SPEC)
+    prom = FakePrometheus()
+    prom.serve(pods, **LOW)
+    loop = scaling_loop(kube, prom)
+    model = stored(kube, "m")
+    model["spec"]["sla"]["latencyP99Ms"] = 150
+    model["metadata"]["generation"] = 2
+    loop.tick(T0)
+    real_get = kube.get_batched_model
+
+    def unavailable(name: str, namespace: str) -> dict[str, Any] | None:
+        raise KubeTemporaryError("get BatchedModel: HTTP 503")
+
+    kube.get_batched_model = unavailable  # type: ignore[method-assign]
+    loop.tick(T0 + 61)
+    loop.tick(T0 + 76)
+    assert writes(kube) == [("event", EventReason.GENERATION_UNHANDLED)]
+    assert stored(kube, "m")["status"]["observedGeneration"] == 1
+
+    kube.get_batched_model = real_get  # type: ignore[method-assign]
+    loop.tick(T0 + 91)
+    assert [w for w in writes(kube) if w[0] == "event"] == [
+        ("event", EventReason.GENERATION_UNHANDLED),
+        ("event", EventReason.CONFIG_CHANGED),
+    ]
+    assert stored(kube, "m")["status"]["observedGeneration"] == 2
+
+    del kube.models[(NS, "m")]
+    model["metadata"]["generation"] = 3
+    kube.models[(NS, "m")] = model
+    loop.tick(T0 + 106)
+    assert loop.lags["uid-bm-m"].since == T0 + 106, "a newer generation has a lag of its own"
+    del kube.models[(NS, "m")]
+    loop.tick(T0 + 121)
+    assert loop.lags == {}, "a deleted model is forgotten"
 
 
 def test_a_pass_with_stale_caches_is_skipped_and_a_deleted_model_is_forgotten(kube: FakeKube) -> None:

@@ -209,6 +209,7 @@ def test_printer_columns() -> None:
         ("Fill", ".status.observed.batchFill", "number"),
         ("Queue ms", ".status.observed.queueTimeMs", "number"),
         ("Ready", '.status.conditions[?(@.type=="Ready")].status', "string"),
+        ("Progressing", '.status.conditions[?(@.type=="Progressing")].status', "string"),
         ("Age", ".metadata.creationTimestamp", "date"),
     ]
     assert columns[0]["description"] == "p99 SLA ms"

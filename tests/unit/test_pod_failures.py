@@ -7,7 +7,7 @@ from typing import Any
 
 from batchfill.api.reasons import ConditionReason, ConditionType, ScalingReason
 from batchfill.controller.pods import pod_counts, pod_failure
-from batchfill.controller.status import NAMED_FAILING_PODS, _ready_condition
+from batchfill.controller.readiness import NAMED_FAILING_PODS, ready_condition
 from batchfill.policy.conditions import find
 
 from .test_controller_loops import (
@@ -95,14 +95,14 @@ def test_pod_counts_keep_failing_pods_apart_from_starting_and_ready() -> None:
 
 def test_the_ready_condition_names_the_failing_pods() -> None:
     failing = [f"m-{i}: CrashLoopBackOff (triton: Error with exit code 1, 2 restarts)" for i in range(5)]
-    c = _ready_condition(0, 5, failing)
+    c = ready_condition(0, 5, failing)
     assert (c.status, c.reason) == ("False", ConditionReason.REPLICAS_FAILING)
     assert c.message.startswith("0/5 Triton replicas ready; 5 failing, no capacity until fixed: m-0: CrashLoopBackOff")
     assert c.message.count("CrashLoopBackOff") == NAMED_FAILING_PODS
     assert c.message.endswith("; and 2 more")
-    c = _ready_condition(1, 2, failing[:1])
-    assert (c.status, c.reason) == ("True", ConditionReason.REPLICAS_FAILING)
-    assert _ready_condition(2, 2, []).reason == ConditionReason.REPLICAS_READY
+    c = ready_condition(1, 2, failing[:1])
+    assert (c.status, c.reason) == ("False", ConditionReason.REPLICAS_FAILING), "a failing pod: not Ready"
+    assert ready_condition(2, 2, []).reason == ConditionReason.REPLICAS_READY
 
 
 def test_a_tick_names_a_crash_looping_pod_in_ready_and_makes_up_for_it() -> None:
@@ -117,7 +117,8 @@ def test_a_tick_names_a_crash_looping_pod_in_ready_and_makes_up_for_it() -> None
     status = stored(kube, "m")["status"]
     ready = find(status["conditions"], ConditionType.READY)
     assert ready is not None
-    assert (ready["status"], ready["reason"]) == ("True", ConditionReason.REPLICAS_FAILING)
+    assert (ready["status"], ready["reason"]) == ("False", ConditionReason.REPLICAS_FAILING)
+    assert find(status["conditions"], ConditionType.STALLED)["reason"] == ConditionReason.REPLICAS_FAILING  # type: ignore[index]
     assert f"{pods[1]}: CrashLoopBackOff (triton: Error with exit code 1, 3 restarts)" in ready["message"]
     # the crash-looping replica is not capacity on the way: one more beside the two the load needs
     assert (status["lastScaleReason"], replicas(kube, "m")) == (ScalingReason.SCALE_OUT_SATURATED, 3)

@@ -37,6 +37,9 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "METRICS_AVAILABLE": "MetricsAvailable",
         "CAPACITY_LIMITED": "CapacityLimited",
         "CONFIG_APPLIED": "ConfigApplied",
+        "PROGRESSING": "Progressing",
+        "RECONCILING": "Reconciling",
+        "STALLED": "Stalled",
     },
     ConditionStatus: {"TRUE": "True", "FALSE": "False", "UNKNOWN": "Unknown"},
     SpecReason: {
@@ -104,6 +107,9 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "AT_MAX_REPLICAS": "AtMaxReplicas",
         "WITHIN_CAPACITY": "WithinCapacity",
         "LOW_CONCURRENCY": "LowConcurrency",
+        "ROLLING_OUT": "RollingOut",
+        "ROLLOUT_COMPLETE": "RolloutComplete",
+        "SLA_AT_RISK": "SLAAtRisk",
     },
     EventReason: {
         "DEPLOYED": "Deployed",
@@ -113,6 +119,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "MANUAL_SCALE_REVERTED": "ManualScaleReverted",
         "SCALE_RESUMED": "ScaleResumed",
         "STATISTICS_UNAVAILABLE": "StatisticsUnavailable",
+        "GENERATION_UNHANDLED": "GenerationUnhandled",
     },
     ProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured"},
     PlannedProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured", "FIRST_PLAN": "FirstPlan"},

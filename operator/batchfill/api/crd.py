@@ -66,6 +66,12 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
         "description": "The Ready condition",
     },
+    {
+        "name": "Progressing",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Progressing")].status',
+        "description": "The Progressing condition: True while the pods move to the plan's config",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 

@@ -31,6 +31,12 @@ class ConditionType(StrEnum):
     CAPACITY_LIMITED = "CapacityLimited"
     #: only while the pods run another config than the plan's: False, RolledBackByHand
     CONFIG_APPLIED = "ConfigApplied"
+    #: True while the pods move to the plan's config (a rollout, a new plan); False once all of them serve it
+    PROGRESSING = "Progressing"
+    #: kstatus' abnormal-true conditions (Flux, kpt), present only while True: Reconciling while
+    #: Progressing or no replica is Ready yet, Stalled while Ready is False for a reason waiting cannot fix
+    RECONCILING = "Reconciling"
+    STALLED = "Stalled"
 
 
 class SpecReason(StrEnum):
@@ -140,6 +146,11 @@ class ConditionReason(StrEnum):
     WITHIN_CAPACITY = "WithinCapacity"
     # BatchingEffective=False: clients send one request at a time, so there is nothing to batch
     LOW_CONCURRENCY = "LowConcurrency"
+    # Ready=False and Progressing=True while the pods move to the plan's config; Progressing=False once done
+    ROLLING_OUT = "RollingOut"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    # Ready=False: the load wants more than can run, or the observed p99 is over the server budget
+    SLA_AT_RISK = "SLAAtRisk"
 
 
 class EventReason(StrEnum):
@@ -155,3 +166,6 @@ class EventReason(StrEnum):
     #: a scale status recorded but the Deployment never got (the operator stopped in between) was completed
     SCALE_RESUMED = "ScaleResumed"
     STATISTICS_UNAVAILABLE = "StatisticsUnavailable"
+    #: status did not observe a generation for BATCHFILL_UNHANDLED_GENERATION_SECONDS (a stalled watch, a stuck
+    #: handler): the scaling loop reconciled it itself (controller.loops.ScalingLoop)
+    GENERATION_UNHANDLED = "GenerationUnhandled"

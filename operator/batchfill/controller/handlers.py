@@ -63,6 +63,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         # RBAC of the chart does not allow (kopf would retry them with errors before falling back)
         settings.scanning.disabled = True
     settings.networking.request_timeout = ours.request_timeout_s
+    watch_timeouts(settings, ours)
     render_on_cpu(ours.triton_cpu_image)
     memo.kube = Kube.from_config(limiter=RateLimiter(ours.api_qps, ours.api_burst))
     # shared by reference with every per-object memo (kopf copies the operator memo shallowly per object)
@@ -81,6 +82,18 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.scaling_loop.start()
     memo.profiling_loop = ProfilingLoop(memo.kube, CachedView(memo.kube, memo.child_caches), ours)
     memo.profiling_loop.start()
+
+
+def watch_timeouts(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    """Finite timeouts on kopf's WATCH requests (kopf leaves them unset: a connection that goes silent without
+    closing would then hold the stream until kopf's inactivity timeout, if the kopf version has one).
+
+    The server timeout makes a healthy API server end each request (kopf watches again from the last
+    resourceVersion); the client timeout ends it on the client side whatever the server or the network does.
+    """
+    settings.watching.server_timeout = ours.watch_server_timeout_s
+    settings.watching.client_timeout = ours.watch_client_timeout_s
+    settings.watching.connect_timeout = ours.watch_connect_timeout_s
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

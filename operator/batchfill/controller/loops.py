@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from batchfill.adapters import memory, operator_metrics
@@ -27,6 +28,7 @@ from batchfill.adapters.informer import CachedView
 from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.pod_stats import read_pod_batch_stats
 from batchfill.adapters.signal_hub import SignalHub
+from batchfill.api.reasons import EventReason
 from batchfill.controller.profiling import (
     PROFILE_READ_TIMEOUT_S,
     ProfilingMemory,
@@ -37,8 +39,10 @@ from batchfill.controller.profiling import (
     gather_profile,
     measure_profile,
 )
+from batchfill.controller.reconcile import log_event, reapply
 from batchfill.controller.scaling import ScalingMemory, act_scale, decide_scale, gather_scale
 from batchfill.controller.settings import OperatorSettings
+from batchfill.policy.conditions import GenerationLag, generation_lag, generation_unhandled
 
 log = logging.getLogger("batchfill")
 
@@ -120,9 +124,13 @@ class PeriodicLoop(Generic[MemoryT]):
                 log.exception("%s of %s/%s failed", self.name, meta["namespace"], meta["name"])
         for uid in set(self.memory) - seen:  # deleted, or no longer served
             del self.memory[uid]
+        self._forget(seen)
 
     def _begin_pass(self) -> None:
         """Called once at the start of each pass, after the models were listed."""
+
+    def _forget(self, seen: set[str]) -> None:
+        """Called at the end of each pass with the uids of the models it served: drop what is kept of the others."""
 
     def _one(self, body: dict[str, Any], now: float) -> None:
         raise NotImplementedError
@@ -134,6 +142,10 @@ class ScalingLoop(PeriodicLoop[ScalingMemory]):
 
     Status is written with the object's resourceVersion as a precondition, so a tick computed from an older state
     never overwrites what a create/update handler wrote since (a 409 skips the model until the next tick).
+
+    A generation that status has not observed for ``settings.unhandled_generation_s`` (kopf's watch stalled, or its
+    handler is stuck: a healthy handler observes it within seconds) is reconciled here instead of the tick, with
+    one ``GenerationUnhandled`` Event per generation (:func:`batchfill.policy.conditions.generation_unhandled`).
     """
 
     name = "scaling"
@@ -141,13 +153,20 @@ class ScalingLoop(PeriodicLoop[ScalingMemory]):
     def __init__(self, kube: Kube, view: CachedView, hub: SignalHub, settings: OperatorSettings) -> None:
         super().__init__(kube, view, settings, settings.reconcile_interval_s)
         self.hub = hub
+        self.lags: dict[str, GenerationLag] = {}  # model uid -> its generation that status does not observe yet
 
     def _begin_pass(self) -> None:
         self.hub.new_pass()
 
+    def _forget(self, seen: set[str]) -> None:
+        for uid in set(self.lags) - seen:
+            del self.lags[uid]
+
     def _one(self, body: dict[str, Any], now: float) -> None:
         meta = body["metadata"]
         uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
+        if self._reconciled_unhandled(body, now):
+            return
         memory = self.memory.get(uid, ScalingMemory())
         started = time.monotonic()
         try:
@@ -160,6 +179,32 @@ class ScalingLoop(PeriodicLoop[ScalingMemory]):
         finally:
             operator_metrics.RECONCILE.labels("scale").observe(time.monotonic() - started)
         self.memory[uid] = plan.memory_after(outcome)
+
+    def _reconciled_unhandled(self, body: dict[str, Any], now: float) -> bool:
+        """Reconcile ``body`` when its generation has waited for a handler past the bound; whether it did."""
+        meta = body["metadata"]
+        uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
+        observed = (body.get("status") or {}).get("observedGeneration")
+        lag = generation_lag(self.lags.get(uid), meta.get("generation"), observed, now)
+        if lag is None:
+            self.lags.pop(uid, None)
+            return False
+        self.lags[uid] = lag
+        if not generation_unhandled(lag, now, self.settings.unhandled_generation_s):
+            return False
+        try:
+            if not lag.reconciled:
+                message = (
+                    f"generation {lag.generation} was not handled for {now - lag.since:.0f} s (observed: "
+                    f"{observed}; a stalled watch or a stuck handler): the scaling loop reconciles it"
+                )
+                self.kube.post_event(body, "Warning", EventReason.GENERATION_UNHANDLED, message)
+                log_event(ns, name, "Warning", EventReason.GENERATION_UNHANDLED, message)
+                self.lags[uid] = replace(lag, reconciled=True)
+            reapply(self.kube, name, ns, now=now)
+        except (KubeTemporaryError, KubePermanentError) as err:
+            log.warning("reconcile of the unhandled generation of %s/%s postponed: %s", ns, name, err)
+        return True
 
 
 class ProfilingLoop(PeriodicLoop[ProfilingMemory]):

@@ -32,6 +32,7 @@ from batchfill.api.spec import ScalingMode
 from batchfill.api.status import ConditionStatus, PlannedProfileSource
 from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.pods import PodCounts, pod_counts
+from batchfill.controller.readiness import sla_risk
 from batchfill.controller.reconcile import SERVICE_MONITOR, Event, apply_service_monitor, log_event, reapply
 from batchfill.controller.rollout import in_place_reason
 from batchfill.controller.status import (
@@ -285,7 +286,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     )
 
     extra = scaling_conditions(decision, signals)
-    wanted = desired_status(inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing)
+    wanted = desired_status(inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing, sla_risk=sla_risk(decision))  # fmt: skip  # noqa: E501
     wanted["desiredReplicas"] = decision.desired_replicas
     wanted["appliedReplicas"] = target if auto else None
     wanted["lastScaleReason"] = decision.reason

@@ -11,6 +11,10 @@
 | BATCHFILL_PROMETHEUS_TIMEOUT_SECONDS | 5 | per-query timeout; a timeout holds replicas (signals unknown) |
 | BATCHFILL_MAX_WORKERS | 8 | threads for synchronous handlers |
 | BATCHFILL_REQUEST_TIMEOUT_SECONDS | 30 | Kubernetes API request timeout |
+| BATCHFILL_WATCH_SERVER_TIMEOUT_SECONDS | 300 | kopf's WATCH requests ask the API server to end them after this |
+| BATCHFILL_WATCH_CLIENT_TIMEOUT_SECONDS | 330 | kopf gives up on a WATCH request after this, whatever the server does |
+| BATCHFILL_WATCH_CONNECT_TIMEOUT_SECONDS | 10 | kopf's connect and TLS handshake of a WATCH request |
+| BATCHFILL_UNHANDLED_GENERATION_SECONDS | 60 | a generation unhandled this long is reconciled by the scaling loop |
 | BATCHFILL_API_QPS | 20 | the operator's own API requests per second on average (kopf's own requests aside) |
 | BATCHFILL_API_BURST | 30 | requests the client-side limit lets through at once |
 | BATCHFILL_PROFILE_INTERVAL_SECONDS | 60 | how often Triton's statistics of the Ready pods are read (profiling) |
@@ -32,6 +36,14 @@ A cluster without GPUs (dev and test clusters, ``batchfill.testbed.images`` buil
 ``BATCHFILL_TRITON_CPU_IMAGE`` makes every Triton pod run that image instead of ``spec.triton.image`` and renders
 config.pbtxt's instance groups as ``KIND_CPU``; the rest of the pod, GPU requests included, is what production
 renders (batchfill.controller.desired.render_on_cpu). Unset, the operator renders for production.
+
+A watch that goes silent without closing (a load balancer or NAT that dropped the connection's state, an API server
+stuck behind a proxy) would leave spec edits unhandled: kopf's WATCH requests carry the server timeout
+(``timeoutSeconds``, so a healthy API server ends each one), and the client timeout ends a request whatever the
+other side does; kopf then lists or watches again from the last resourceVersion it saw
+(https://docs.kopf.dev/en/stable/configuration/#api-timeouts). Whatever else keeps an edit from its handler,
+the scaling loop reconciles a generation that status has not observed for ``BATCHFILL_UNHANDLED_GENERATION_SECONDS``
+itself, with one ``GenerationUnhandled`` Event (batchfill.policy.conditions.generation_unhandled).
 """
 
 from __future__ import annotations
@@ -57,6 +69,10 @@ ENV_NAMES = {
     "prometheus_timeout_s": "PROMETHEUS_TIMEOUT_SECONDS",
     "max_workers": "MAX_WORKERS",
     "request_timeout_s": "REQUEST_TIMEOUT_SECONDS",
+    "watch_server_timeout_s": "WATCH_SERVER_TIMEOUT_SECONDS",
+    "watch_client_timeout_s": "WATCH_CLIENT_TIMEOUT_SECONDS",
+    "watch_connect_timeout_s": "WATCH_CONNECT_TIMEOUT_SECONDS",
+    "unhandled_generation_s": "UNHANDLED_GENERATION_SECONDS",
     "api_qps": "API_QPS",
     "api_burst": "API_BURST",
     "profile_interval_s": "PROFILE_INTERVAL_SECONDS",
@@ -96,6 +112,13 @@ class OperatorSettings(BaseModel):
     prometheus_timeout_s: float = Field(default=5.0, gt=0, le=300)
     max_workers: int = Field(default=8, ge=1, le=256)
     request_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    # below the API server's own default (--min-request-timeout 1800 s, randomized up to 2x), so a watch is renewed
+    # often; the client timeout is larger, so a healthy server always ends the request first. Whole seconds: kopf
+    # sends it as str(value) in timeoutSeconds, and the API server refuses "300.0" (HTTP 400)
+    watch_server_timeout_s: int = Field(default=300, ge=1, le=3600)
+    watch_client_timeout_s: float = Field(default=330.0, ge=1, le=7200)
+    watch_connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    unhandled_generation_s: float = Field(default=60.0, gt=0, le=86_400)
     api_qps: float = Field(default=20.0, gt=0, le=10_000)  # controller-runtime's defaults: 20 QPS, burst 30
     api_burst: int = Field(default=30, ge=1, le=100_000)
     profile_interval_s: float = Field(default=60.0, gt=0, le=86_400)
@@ -117,8 +140,13 @@ class OperatorSettings(BaseModel):
         )
 
     @model_validator(mode="after")
-    def _leader_election_is_usable(self) -> OperatorSettings:
+    def _settings_are_usable(self) -> OperatorSettings:
         problems = [f"{env_name(_TIMING_FIELDS[f])}: {msg}" for f, msg in self.lease_timing.problems()]
+        if self.watch_client_timeout_s <= self.watch_server_timeout_s:
+            problems.append(
+                f"{env_name('watch_client_timeout_s')}: must be above {env_name('watch_server_timeout_s')} "
+                f"({self.watch_server_timeout_s:g} s), or every healthy watch is cut before the server ends it"
+            )
         if self.leader_election and not self.leader_election_namespace:
             problems.append(
                 f"{env_name('leader_election_namespace')}: the Lease's namespace is needed when "

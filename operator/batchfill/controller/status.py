@@ -15,6 +15,12 @@ from batchfill.api.errors import SpecError
 from batchfill.api.reasons import ConditionReason, ConditionType, SpecReason
 from batchfill.api.status import ConditionStatus, PlannedProfileSource
 from batchfill.controller.desired import Desired, profile_hash
+from batchfill.controller.readiness import (
+    kstatus_conditions,
+    progressing_condition,
+    ready_condition,
+    stored_sla_risk,
+)
 from batchfill.controller.rollout import rollout_in_progress, rolls_in_place
 from batchfill.policy import conditions as cond
 from batchfill.policy.plan import PlanWarning, significant
@@ -54,10 +60,16 @@ def rejection_status(err: SpecError, status: Mapping[str, Any], generation: int 
         cond.ConditionUpdate(
             ConditionType.READY, ConditionStatus.FALSE, err.reason, "the spec cannot be served; see Planned"
         ),
+        cond.ConditionUpdate(
+            ConditionType.PROGRESSING, ConditionStatus.FALSE, err.reason, "the spec cannot be served; see Planned"
+        ),
     ]
+    extra, remove = kstatus_conditions(updates[-2], updates[-1])
     return {
         "observedGeneration": generation,
-        "conditions": cond.apply_conditions(status.get("conditions"), updates, generation=generation, now=now),
+        "conditions": cond.apply_conditions(
+            status.get("conditions"), [*updates, *extra], generation=generation, now=now, remove=remove
+        ),
     }
 
 
@@ -82,31 +94,21 @@ def planned_plan_warnings(desired: Desired) -> list[PlanWarning]:
     return [w for w in desired.plan.warnings if w.condition == ConditionType.PLANNED]
 
 
-#: Failing pods a condition message names (the rest are counted).
-NAMED_FAILING_PODS = 3
-
-
-def _ready_condition(ready: int, total: int, failing: Sequence[str]) -> cond.ConditionUpdate:
-    message = f"{ready}/{total} Triton replicas ready"
-    if failing:
-        named = "; ".join(failing[:NAMED_FAILING_PODS])
-        more = f"; and {len(failing) - NAMED_FAILING_PODS} more" if len(failing) > NAMED_FAILING_PODS else ""
-        message += f"; {len(failing)} failing, no capacity until fixed: {named}{more}"
-    return cond.ConditionUpdate(
-        ConditionType.READY,
-        ConditionStatus.TRUE if ready > 0 else ConditionStatus.FALSE,
-        ConditionReason.REPLICAS_FAILING
-        if failing
-        else (ConditionReason.REPLICAS_READY if ready > 0 else ConditionReason.NO_READY_REPLICAS),
-        message,
-    )
-
-
 def _reconciled_conditions(
-    desired: Desired, ready: int, total: int, failing: Sequence[str] = ()
+    desired: Desired,
+    ready: int,
+    total: int,
+    failing: Sequence[str] = (),
+    *,
+    deployment: Mapping[str, Any] | None = None,
+    sla_risk: str = "",
 ) -> list[cond.ConditionUpdate]:
-    """ConfigValid, SLAFeasible, Planned and Ready of a spec whose plan is served (``failing``: the failing pods,
-    ``"<pod>: <reason>"`` each, which Ready names)."""
+    """ConfigValid, SLAFeasible, Planned, Ready and Progressing of a spec whose plan is served (``failing``: the
+    failing pods, ``"<pod>: <reason>"`` each, which Ready names; ``deployment``: the Triton Deployment, whose
+    rollout Progressing reports; ``sla_risk``: :func:`sla_risk`)."""
+    rolled_back = bool(hand_rollback(deployment, desired)[0])
+    progressing = progressing_condition(deployment, desired, rolled_back=rolled_back)
+    rolling = progressing.message if progressing.status == ConditionStatus.TRUE else ""
     plan = desired.plan_status
     first = desired.profile_source == PlannedProfileSource.FIRST_PLAN
     planned_warnings = planned_plan_warnings(desired)
@@ -148,7 +150,8 @@ def _reconciled_conditions(
                 + [f"warning: {w.message}" for w in planned_warnings]
             ),
         ),
-        _ready_condition(ready, total, failing),
+        ready_condition(ready, total, failing, rolling=rolling, sla_risk=sla_risk),
+        progressing,
     ]
 
 
@@ -160,6 +163,7 @@ def desired_status(
     now: float,
     extra: Sequence[cond.ConditionUpdate] = (),
     failing: Sequence[str] = (),
+    sla_risk: str | None = None,
 ) -> dict[str, Any]:
     """The status a reconciled BatchedModel should have.
 
@@ -170,6 +174,8 @@ def desired_status(
         now: seconds since the epoch (new conditions' lastTransitionTime).
         extra: further conditions (the scaling tick's MetricsAvailable, CapacityLimited, BatchingEffective).
         failing: the pods that will not become Ready by waiting (``PodCounts.failing``), named by Ready.
+        sla_risk: why the scaling decision puts the SLA at risk (:func:`sla_risk`, empty: it does not); None (a
+            handler, no decision): what the stored Ready says.
     """
     meta = body["metadata"]
     status: Mapping[str, Any] = body.get("status") or {}
@@ -177,7 +183,10 @@ def desired_status(
     dep_status = (deployment or {}).get("status") or {}
     ready = int(dep_status.get("readyReplicas") or 0)
     total = int(dep_status.get("replicas") or 0)
-    updates = [*_reconciled_conditions(desired, ready, total, failing), *extra]
+    risk = stored_sla_risk(status) if sla_risk is None else sla_risk
+    reconciled = _reconciled_conditions(desired, ready, total, failing, deployment=deployment, sla_risk=risk)
+    kstatus, kstatus_removed = kstatus_conditions(reconciled[-2], reconciled[-1])
+    updates = [*reconciled, *kstatus, *extra]
     batching = ConditionType.BATCHING_EFFECTIVE
     warnings = [w for w in desired.plan.warnings if w.condition == batching]
     if warnings:
@@ -185,7 +194,7 @@ def desired_status(
     applied = config_applied_condition(hand_rollback(deployment, desired), desired)
     if applied is not None:
         updates.append(applied)
-    remove = [] if warnings or any(u.type == batching for u in extra) else [batching]
+    remove = [*kstatus_removed, *([] if warnings or any(u.type == batching for u in extra) else [batching])]
     conditions = cond.apply_conditions(
         status.get("conditions"),
         updates,

@@ -85,3 +85,39 @@ def find(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[
         if c.get("type") == type_:
             return c
     return None
+
+
+@dataclass(frozen=True)
+class GenerationLag:
+    """A ``metadata.generation`` that ``status.observedGeneration`` does not show yet: no handler finished it.
+
+    Attributes:
+        generation: the object's ``metadata.generation``.
+        since: when it was first seen unobserved, seconds since the epoch.
+        reconciled: whether the scaling loop has stepped in for it already (its Event is posted once).
+    """
+
+    generation: int
+    since: float
+    reconciled: bool = False
+
+
+def generation_lag(
+    previous: GenerationLag | None, generation: int | None, observed_generation: int | None, now: float
+) -> GenerationLag | None:
+    """The lag of ``generation`` after this look at the object (None: status observed it, nothing waits).
+
+    ``previous`` is the last look's; a newer generation starts a new lag at ``now``, the same one keeps its
+    ``since``. ``now``: seconds since the epoch.
+    """
+    if generation is None or generation == observed_generation:
+        return None
+    if previous is not None and previous.generation == generation:
+        return previous
+    return GenerationLag(generation, now)
+
+
+def generation_unhandled(lag: GenerationLag | None, now: float, bound_s: float) -> bool:
+    """Whether ``lag`` has lasted longer than ``bound_s`` seconds at ``now`` (epoch seconds): a stalled watch or a
+    stuck handler, since a healthy one observes a generation within seconds."""
+    return lag is not None and now - lag.since > bound_s

@@ -66,12 +66,23 @@ def install_operator_rbac(kubeconfig: Path, work: Path) -> None:
 
 @contextlib.contextmanager
 def operator_as_service_account(
-    kubeconfig: Path, work: Path, log_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    kubeconfig: Path,
+    work: Path,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    server: str = "",
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``batchfill run`` with a token of the install's ServiceAccount (its RBAC, not the admin's); stopped on exit:
     SIGTERM, SIGKILL after :data:`OPERATOR_STOP_GRACE_S`, then :data:`OPERATOR_KILL_WAIT_S` for it to exit
-    (``subprocess.TimeoutExpired`` if it does not)."""
+    (``subprocess.TimeoutExpired`` if it does not). ``server``: the API server URL the operator uses instead of
+    the admin kubeconfig's (a proxy in front of it, :mod:`batchfill.testbed.api_proxy`)."""
     sa_config = devcluster.service_account_kubeconfig(kubeconfig, OPERATOR_NS, OPERATOR_SA, work / "sa.kubeconfig")
+    if server:
+        doc = yaml.safe_load(sa_config.read_text())
+        for cluster in doc["clusters"]:
+            cluster["cluster"]["server"] = server
+        sa_config.write_text(yaml.safe_dump(doc))
     full_env = dict(os.environ, KUBECONFIG=str(sa_config), BATCHFILL_METRICS_PORT="0", **(env or {}))
     with log_path.open("wb") as log_file:
         operator: subprocess.Popen[bytes] | None = None
