@@ -223,7 +223,12 @@ class _Evaluator:
         )
         if not run.completed:
             return math.inf
-        return float(np.quantile(run.latencies_ms[warm:], P99, method="higher"))
+        # np.quantile(..., method="higher") without its generic machinery: the order statistic at index
+        # ceil((m - 1) q), numpy's own for "higher" (numpy/lib/function_base.py), found by an in-place partition
+        kept = run.latencies_ms[warm:]
+        rank = math.ceil((len(kept) - 1) * P99)
+        kept.partition(rank)
+        return float(kept[rank])
 
     def mean_fill(self, cand: Candidate, rate_rps: float) -> float | None:
         """Mean batch size / max_batch_size at ``rate_rps`` on the confirming draws (None without batching)."""

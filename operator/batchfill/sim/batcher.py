@@ -119,7 +119,7 @@ def simulate_batcher(
     delay = config.max_queue_delay_us / 1000.0 if config.max_batch_size > 0 else 0.0
     use_budget = budget_ms is not None
     check = use_budget and max_violations is not None
-    starts, sizes, ends, completed, violations = _kernel()(
+    starts, sizes, latencies, completed, violations = _kernel()(
         a,
         delay,
         config.dispatch_threshold,
@@ -131,9 +131,8 @@ def simulate_batcher(
         check,
         use_budget,
     )
-    done = int(sizes.sum())
     return BatcherRun(
-        latencies_ms=np.repeat(ends, sizes) - a[:done],
+        latencies_ms=latencies,
         batch_sizes=sizes,
         dispatch_ms=starts,
         completed=bool(completed),
@@ -155,15 +154,15 @@ def _run(
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.float64], bool, int]:
     """The event loop of :func:`simulate_batcher`, compiled by numba (see :func:`_kernel`).
 
-    Returns (batch start times ms, batch sizes, batch end times ms, completed, violations). The arithmetic is the
-    same IEEE double operations in the same order as the pure-Python loop it replaced (benchmarks/plan_baseline/
-    batcher.py), so the results are bit-identical: the earliest free executor is the minimum of ``free`` (what a
-    heap pop returns), and the sorted arrivals are scanned where the Python loop bisected.
+    Returns (batch start times ms, batch sizes, latency of each dispatched request ms, completed, violations).
+    The arithmetic is the same IEEE double operations in the same order as the pure-Python loop it replaced
+    (benchmarks/plan_baseline/batcher.py), so the results are bit-identical: the earliest free executor is the
+    minimum of ``free`` (what a heap pop returns), and the sorted arrivals are scanned where that loop bisected.
     """
     n = a.shape[0]
     free = np.zeros(executors)
     starts = np.empty(n)
-    ends = np.empty(n)
+    latencies = np.empty(n)
     sizes = np.empty(n, np.int64)
     batches = 0
     head = 0
@@ -189,8 +188,9 @@ def _run(
         free[j] = end
         starts[batches] = t
         sizes[batches] = k
-        ends[batches] = end
         batches += 1
+        for i in range(head, head + k):
+            latencies[i] = end - a[i]
         if use_budget:
             late = end - budget  # requests that arrived before end - budget waited too long
             i = head
@@ -199,9 +199,10 @@ def _run(
             violations += i - head
             if check and violations > limit:
                 completed = False
+                head += k
                 break
         head += k
-    return starts[:batches], sizes[:batches], ends[:batches], completed, violations
+    return starts[:batches], sizes[:batches], latencies[:head], completed, violations
 
 
 _compiled: list[Callable[..., Any]] = []
