@@ -111,7 +111,8 @@ def main() -> int:
             table.add_row(str(i), describe(doc), f"{old.seconds:.3f}", f"{new.seconds:.4f}",
                           f"{old.seconds / new.seconds:.0f}x", plan,
                           ("yes" if same else "[red]NO[/red]") + f" ({why})")  # fmt: skip
-    console.print(table)
+    if table.row_count:
+        console.print(table)
     old_total, new_total = sum(old_times), sum(new_times)
     projected = warmup_s + 1000 * new_total / len(specs)
     summary = Table(title="totals")
