@@ -7,15 +7,21 @@ Setup (deterministic, seed fixed): ``devcluster.cluster_up`` (etcd, kube-apiserv
 kwok fake GPU nodes, 100 GPUs each, one more node than needed), the install's CRD and RBAC, a real Prometheus
 (``LocalPrometheus``, no scrape targets: kwok pods run no Triton, so every query answers with no series and the
 signals are Unknown/NoSeries, which is enough to count queries), and ``batchfill run`` as a subprocess with the
-install's ServiceAccount token. The fleet: the seed example's spec with ``--distinct-specs`` variants (Triton
-model name and p99 SLA, drawn with ``--seed``), model ``i`` in namespace ``i * M // N`` with variant ``i mod D``,
-minReplicas 1, maxReplicas 2, 1 GPU per replica, a PVC model repository per namespace.
+install's ServiceAccount token. The fleet: the seed example's spec with ``--distinct-specs`` variants (default:
+every model its own), model ``i`` in namespace ``i * M // N`` with variant ``i mod D``, minReplicas 1,
+maxReplicas 2, 1 GPU per replica, a PVC model repository per namespace. A variant has its own Triton model name,
+p99 SLA (80-150 ms), networkOverheadMs (5-15 ms) and profile scale (0.8-1.2 x the example's latencies), drawn
+with ``--seed``: each is a planning problem of its own, so "time to Planned" includes one plan per variant.
 
 Each size runs with a fresh operator process, the baseline size (``--baseline-models``, default N/10) first and
 then N, in the same namespaces, so the two differ only in the model count:
 
 1. **Creation**: one ``kubectl apply --server-side`` of every model; wall time until every model is Planned
    (``status.observedGeneration == generation`` and condition Planned True), then until every Triton pod is Ready.
+   Beside it, the same distinct specs planned in this process, one after the other (``plan_batching``: what
+   planning alone costs on one core), and about the floor the operator's client-side rate limit puts under the
+   time to Planned: its API requests during creation / ``BATCHFILL_API_QPS`` (a little high, since kopf's own
+   writes are counted but not limited; ``--api-qps`` raises the limit).
 2. **Steady state**: after ``--warmup-passes`` scaling passes, ``--passes`` K passes of the scaling loop
    (``BATCHFILL_RECONCILE_INTERVAL_SECONDS``, default 15 s). Pass durations come from the operator's own
    ``batchfill_loop_last_pass_duration_seconds{loop="scaling"}`` (read after each pass; the histogram
@@ -32,6 +38,7 @@ rich tables, writes ``benchmarks/out/scale.json`` and the generated section of `
 (between markers; text outside them is kept). Not a pass/fail test. About 11 minutes for 1,000 models on 2 cores.
 
 Run: .venv/bin/python benchmarks/scale.py [--models 1000 --namespaces 20 --passes 4] [--distinct-specs 100]
+     [--api-qps 20 --api-burst 30]
 """
 
 from __future__ import annotations
@@ -63,9 +70,11 @@ from rich.table import Table
 
 from batchfill.api.reasons import ConditionType
 from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from batchfill.api.validate import load_model
 from batchfill.cli.shutdown import sigterm_as_interrupt
 from batchfill.controller.desired import plan_cache
 from batchfill.controller.settings import OperatorSettings
+from batchfill.policy.plan import plan_batching
 from batchfill.render.kube import CHILDREN_SELECTOR
 from batchfill.testbed import devcluster
 from batchfill.testbed.install import (
@@ -85,7 +94,13 @@ BEGIN, END = "<!-- benchmarks/scale.py: begin (generated, do not edit by hand) -
 TARGET_TICK_S = 2.0
 TARGET_RSS_MB = 300.0  # MB = 10^6 bytes (the stricter reading)
 GPUS_PER_NODE = 100  # fake nodes take 110 pods (devcluster.fake_node)
-SLAS_MS = (80, 90, 100, 110, 120, 150)  # all feasible for the seed profile (l(8) = 50 ms, 10 ms outside Triton)
+#: Variants' p99 SLA, network overhead (ms) and profile scale: all feasible for the seed profile (l(8) = 50 ms at
+#: most 60 ms after scaling, at most 15 ms outside Triton, so T >= 65 ms).
+SLA_RANGE_MS = (80.0, 150.0)
+NETWORK_RANGE_MS = (5.0, 15.0)
+PROFILE_SCALE_RANGE = (0.8, 1.2)
+#: Target of the time until every model of a fleet of distinct specs is Planned (at 1,000 models).
+TARGET_PLANNED_S = 60.0
 POLL_S = 2.0
 #: kube-apiserver requests of kinds only the operator makes once the fleet is created (the counter has no user
 #: label); the applies of children are its too. Events are created by the controllers as well: the operator's are
@@ -114,7 +129,10 @@ def fleet(models: int, ns_count: int, distinct: int, seed: int) -> list[dict[str
         spec = yaml.safe_load(yaml.safe_dump(base["spec"]))
         spec["model"]["name"] = f"model-{s:04d}"
         spec["model"]["repository"] = {"pvc": {"claimName": "triton-models"}}
-        spec["sla"]["latencyP99Ms"] = rng.choice(SLAS_MS)
+        spec["sla"]["latencyP99Ms"] = round(rng.uniform(*SLA_RANGE_MS), 2)
+        spec["sla"]["networkOverheadMs"] = round(rng.uniform(*NETWORK_RANGE_MS), 2)
+        scale = rng.uniform(*PROFILE_SCALE_RANGE)
+        spec["profile"] = [{**p, "latencyMs": round(p["latencyMs"] * scale, 3)} for p in spec["profile"]]
         spec["scaling"] = {"minReplicas": 1, "maxReplicas": 2}
         spec["triton"] = {"gpusPerReplica": 1}
         variants.append(spec)
@@ -128,6 +146,18 @@ def fleet(models: int, ns_count: int, distinct: int, seed: int) -> list[dict[str
         }
         for i in range(models)
     ]
+
+
+def plan_in_process(docs: list[dict[str, Any]]) -> tuple[int, float]:
+    """(distinct specs, seconds) to plan the fleet's distinct specs one after the other in this process, after one
+    warm-up plan (the compiled batcher's load): planning alone, on one core, without the operator around it."""
+    specs = {json.dumps(d["spec"], sort_keys=True): d for d in docs}
+    models = [load_model(d).spec for d in specs.values()]
+    plan_batching(models[0])
+    t0 = time.perf_counter()
+    for spec in models:
+        plan_batching(spec)
+    return len(models), time.perf_counter() - t0
 
 
 # -- reading counters -----------------------------------------------------------------------------------------------
@@ -421,12 +451,16 @@ def run_size(
     env = {
         "BATCHFILL_PROMETHEUS_URL": prom.url,
         "BATCHFILL_RECONCILE_INTERVAL_SECONDS": str(args.interval),
+        "BATCHFILL_API_QPS": str(args.api_qps),
+        "BATCHFILL_API_BURST": str(args.api_burst),
     }
     result: dict[str, Any] = {
         "models": size,
         "namespaces": args.namespaces,
         "distinct_specs": min(args.distinct_specs, size),
     }
+    distinct, planning_s = plan_in_process(docs)
+    console.log(f"{size} models: {distinct} distinct specs planned in this process in {planning_s:.1f} s")
     boot = counters.snapshot()  # before the operator starts: its start-up is counted in the whole-run figures
     with operator_as_service_account(kubeconfig, work, log_path, env=env, args=("--metrics-port", str(port))) as op:
         counters.pid = op.pid
@@ -492,7 +526,11 @@ def run_size(
         result["create"] = {
             "apply_s": applied_s,
             "all_planned_s": planned_s,
+            "planned_after_apply_s": None if planned_s is None or applied_s is None else planned_s - applied_s,
             "all_pods_ready_s": ready_s,
+            "distinct_plans": distinct,
+            "planning_in_process_s": planning_s,
+            "rate_limit_floor_s": operator_requests(start, created) / args.api_qps,
             "prometheus_queries": created.queries - start.queries,
             "operator_requests": operator_requests(start, created),
             "operator_requests_per_model": operator_requests(start, created) / size,
@@ -620,6 +658,9 @@ def _ratio(a: float | None, b: float | None) -> str:
 ROWS: tuple[tuple[str, str, str, int], ...] = (
     ("kubectl apply of every model, s", "create", "apply_s", 1),
     ("created -> every model Planned, s", "create", "all_planned_s", 1),
+    ("kubectl apply done -> every model Planned, s", "create", "planned_after_apply_s", 1),
+    ("creation: the distinct specs planned in-process, one core, s", "create", "planning_in_process_s", 1),
+    ("creation: operator API requests / BATCHFILL_API_QPS (~rate-limit floor), s", "create", "rate_limit_floor_s", 1),
     ("created -> every Triton pod Ready, s", "create", "all_pods_ready_s", 1),
     ("creation: Prometheus queries", "create", "prometheus_queries", 0),
     ("creation: operator API requests per model", "create", "operator_requests_per_model", 1),
@@ -700,15 +741,28 @@ def verdicts(report: dict[str, Any]) -> list[str]:
                    "name a 429: see the JSON's operator_log.first_errors)")  # fmt: skip
     peak = max(r["create"]["peak_operator_rps_5s"] for r in runs)
     rps = st["operator_rps"] or 0.0
-    limits = OperatorSettings()
+    defaults = OperatorSettings()
+    cfg = report["config"]
+    limits = OperatorSettings(
+        api_qps=cfg.get("api_qps", defaults.api_qps), api_burst=cfg.get("api_burst", defaults.api_burst)
+    )
     # the most a token bucket lets through in a 5 s window: the burst plus 5 s of refill
     ceiling = limits.api_qps + limits.api_burst / 5.0
     within = rps <= limits.api_qps and peak <= ceiling
     out.append(f"{'met' if within else 'MISSED'}: client-side rate: the operator made {rps:.1f} req/s in steady "
                f"state and at most {peak:.1f} req/s in a 5 s window during creation; its client is limited to "
-               f"BATCHFILL_API_QPS {limits.api_qps:g} with burst {limits.api_burst} (controller-runtime's defaults; "
-               f"at most {ceiling:g} req/s over 5 s), and kopf's own writes after each handler (its progress "
-               "annotation and the handler's status, not limited) come on top")  # fmt: skip
+               f"BATCHFILL_API_QPS {limits.api_qps:g} with burst {limits.api_burst} (default 20 and 30, "
+               f"controller-runtime's; at most {ceiling:g} req/s over 5 s), and kopf's own writes after each handler "
+               "(its progress annotation and the handler's status, not limited) come on top")  # fmt: skip
+    cr = big["create"]
+    if cr.get("planning_in_process_s") is not None and cr["all_planned_s"] is not None:
+        ok = cr["all_planned_s"] <= TARGET_PLANNED_S * big["models"] / 1000
+        out.append(f"{'met' if ok else 'MISSED'}: every model Planned within {TARGET_PLANNED_S:g} s per 1,000 "
+                   f"models of distinct specs: {cr['all_planned_s']:.1f} s for {big['models']} models "
+                   f"({cr['distinct_plans']} distinct specs; {cr['apply_s']:.1f} s of it the kubectl apply of the "
+                   f"fleet); planning them alone took {cr['planning_in_process_s']:.1f} s on one core, and the "
+                   f"client-side rate limit alone needs about {cr['rate_limit_floor_s']:.1f} s for the operator's "
+                   f"creation requests ({cr['operator_requests']} at {limits.api_qps:g} req/s)")  # fmt: skip
     return out
 
 
@@ -778,10 +832,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"{cfg['nodes']} kwok GPU nodes), a real Prometheus with no scrape targets (kwok pods run no Triton: "
         f"every query answers with no series, signals Unknown/NoSeries), `batchfill run` as the install's "
         f"ServiceAccount with a {cfg['interval_s']:g} s scaling interval and the default 60 s profiling interval. "
-        f"Fleet: the seed example with {cfg['distinct_specs']} distinct specs (Triton model name and p99 SLA, "
-        f"seed {cfg['seed']}), minReplicas 1, maxReplicas 2, 1 GPU per replica, spread evenly over the "
-        f"namespaces. Each size runs with a fresh operator; steady state is {cfg['passes']} scaling passes "
-        f"after {cfg['warmup_passes']} warm-up passes once every model is Planned and its pod Ready.",
+        f"Fleet: the seed example with {cfg['distinct_specs']} distinct specs (Triton model name, p99 SLA, network "
+        f"overhead and profile scale, seed {cfg['seed']}), minReplicas 1, maxReplicas 2, 1 GPU per replica, "
+        f"spread evenly over the namespaces. Each size runs with a fresh operator; steady state is "
+        f"{cfg['passes']} scaling passes after {cfg['warmup_passes']} warm-up passes once every model is Planned "
+        "and its pod Ready.",
         "",
         "| figure | " + " | ".join(f"{r['models']} models" for r in runs) + (" | ratio |" if len(runs) > 1 else " |"),
         "|---|" + "---|" * len(runs) + ("---|" if len(runs) > 1 else ""),
@@ -849,9 +904,19 @@ def main() -> None:
         default=None,
         help="the smaller size run first for the O(1) comparison (default models/10; 0: none)",
     )
-    ap.add_argument("--distinct-specs", type=int, default=100,
-                    help="distinct specs (Triton model name, SLA) in the fleet; the operator caches "
-                         f"{plan_cache.cache_info().maxsize} plans")  # fmt: skip
+    cached = plan_cache.cache_info().maxsize
+    ap.add_argument("--distinct-specs", type=int, default=None,
+                    help="distinct specs (model name, SLA, network overhead, profile scale) in the fleet "
+                         f"(default: every model); the operator caches {cached} plans")  # fmt: skip
+    defaults = OperatorSettings()
+    ap.add_argument(
+        "--api-qps",
+        type=float,
+        default=defaults.api_qps,
+        help=f"the operator's BATCHFILL_API_QPS (default {defaults.api_qps:g}, the operator's own)",
+    )
+    ap.add_argument("--api-burst", type=int, default=defaults.api_burst,
+                    help=f"the operator's BATCHFILL_API_BURST (default {defaults.api_burst})")  # fmt: skip
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=1500.0, help="creation: seconds until all Planned and Ready")
     ap.add_argument("--pass-timeout", type=float, default=900.0, help="extra seconds to wait for one pass")
@@ -860,6 +925,8 @@ def main() -> None:
     ap.add_argument("--doc", type=Path, default=DOC, help="markdown file to write the section into ('-': none)")
     ap.add_argument("--report-only", action="store_true", help="print and write the report of --json again, no run")
     args = ap.parse_args()
+    if args.distinct_specs is None:
+        args.distinct_specs = args.models
     out = Console()
     if args.report_only:
         report = json.loads(args.json.read_text())
@@ -878,7 +945,7 @@ def main() -> None:
     cache = plan_cache.cache_info().maxsize
     if cache is not None and min(args.distinct_specs, args.models) > cache:
         console.log(f"[yellow]{args.distinct_specs} distinct specs exceed the operator's plan cache ({cache}): "
-                    "every scaling and profiling pass re-plans every model (about 0.35 s each on 2 cores)")  # fmt: skip
+                    "every scaling and profiling pass re-plans every model (about 0.01-0.03 s each)")  # fmt: skip
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     runs = []
@@ -908,11 +975,13 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, CPython {platform.python_version()}",
         "config": {
             "argv": f"--models {args.models} --namespaces {args.namespaces} --passes {args.passes} --warmup-passes "
-                    f"{args.warmup_passes} --distinct-specs {args.distinct_specs} --interval {args.interval:g}",
+                    f"{args.warmup_passes} --distinct-specs {args.distinct_specs} --interval {args.interval:g} "
+                    f"--api-qps {args.api_qps:g} --api-burst {args.api_burst}",
             "models": args.models, "namespaces": args.namespaces, "passes": args.passes,
             "warmup_passes": args.warmup_passes, "interval_s": args.interval, "sizes": sizes,
             "distinct_specs": min(args.distinct_specs, args.models), "seed": args.seed, "nodes": nodes,
-            "operator_plan_cache": cache, "targets": {"tick_s": TARGET_TICK_S, "rss_mb": TARGET_RSS_MB},
+            "operator_plan_cache": cache, "api_qps": args.api_qps, "api_burst": args.api_burst,
+            "targets": {"tick_s": TARGET_TICK_S, "rss_mb": TARGET_RSS_MB, "planned_s_per_1000": TARGET_PLANNED_S},
         },
         "wall_s": time.monotonic() - t_start,
         "runs": runs,

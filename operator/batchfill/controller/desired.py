@@ -89,8 +89,8 @@ def render_on_cpu(image: str) -> None:
 
 
 #: Plans kept (one per distinct spec and measured profile). Both loops ask for every model's plan each pass, and
-#: a plan costs ~0.35 s of simulation: the cache must hold the whole fleet, or a pass replans every model
-#: (benchmarks/scale.py: 600 distinct specs, 0 hits in 1,200 lookups with 512).
+#: a plan costs 0.01-0.1 s of simulation (benchmarks/plan_speed.py): the cache must hold the whole fleet, or a
+#: pass replans every model (benchmarks/scale.py: 600 distinct specs, 0 hits in 1,200 lookups with 512).
 PLAN_CACHE_SIZE = 4096
 
 

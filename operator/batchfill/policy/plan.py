@@ -201,11 +201,11 @@ class _Evaluator:
         self.target_ms = target_ms
         self.search = poisson_unit_arrivals(SEARCH_REQUESTS, seed)
         self.confirm = poisson_unit_arrivals(CONFIRM_REQUESTS, seed + 1)
-        self._tables: dict[int, list[float]] = {}
+        self._tables: dict[int, npt.NDArray[np.float64]] = {}
 
-    def table(self, cap: int) -> list[float]:
+    def table(self, cap: int) -> npt.NDArray[np.float64]:
         if cap not in self._tables:
-            self._tables[cap] = self.profile.table(cap)
+            self._tables[cap] = np.asarray(self.profile.table(cap), dtype=np.float64)
         return self._tables[cap]
 
     def p99(self, cand: Candidate, rate_rps: float, unit: npt.NDArray[np.float64]) -> float:
@@ -213,7 +213,7 @@ class _Evaluator:
         n = len(unit)
         warm = int(n * WARMUP_FRACTION)
         allowed = math.floor((n - warm) * (1 - P99))
-        arrivals = (unit * (1000.0 / rate_rps)).tolist()
+        arrivals = unit * (1000.0 / rate_rps)
         run = simulate_batcher(
             arrivals,
             cand.batcher,
@@ -223,14 +223,19 @@ class _Evaluator:
         )
         if not run.completed:
             return math.inf
-        return float(np.quantile(run.latencies_ms[warm:], P99, method="higher"))
+        # np.quantile(..., method="higher") without its generic machinery: the order statistic at index
+        # ceil((m - 1) q), numpy's own for "higher" (numpy/lib/function_base.py), found by an in-place partition
+        kept = run.latencies_ms[warm:]
+        rank = math.ceil((len(kept) - 1) * P99)
+        kept.partition(rank)
+        return float(kept[rank])
 
     def mean_fill(self, cand: Candidate, rate_rps: float) -> float | None:
         """Mean batch size / max_batch_size at ``rate_rps`` on the confirming draws (None without batching)."""
         if cand.max_batch_size < 1 or not math.isfinite(1000.0 / rate_rps if rate_rps > 0 else math.inf):
             return None  # no rate, or one so small (targetUtilization=5e-324) that the gaps overflow
         warm = int(len(self.confirm) * WARMUP_FRACTION)
-        arrivals = (self.confirm * (1000.0 / rate_rps)).tolist()
+        arrivals = self.confirm * (1000.0 / rate_rps)
         run = simulate_batcher(arrivals, cand.batcher, self.table(cand.batcher.batch_cap))
         first = int(np.searchsorted(run.dispatch_ms, arrivals[warm]))
         sizes = run.batch_sizes[first:] if first < len(run.batch_sizes) else run.batch_sizes
