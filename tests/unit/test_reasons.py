@@ -37,6 +37,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "METRICS_AVAILABLE": "MetricsAvailable",
         "CAPACITY_LIMITED": "CapacityLimited",
         "CONFIG_APPLIED": "ConfigApplied",
+        "REQUESTS_FAILING": "RequestsFailing",
     },
     ConditionStatus: {"TRUE": "True", "FALSE": "False", "UNKNOWN": "Unknown"},
     SpecReason: {
@@ -66,6 +67,8 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "HOLD_STABILIZING": "HoldStabilizing",
         "HOLD_WITHIN_TOLERANCE": "HoldWithinTolerance",
         "SCALING_OFF": "ScalingOff",
+        "HOLD_REQUESTS_FAILING": "HoldRequestsFailing",
+        "HOLD_SCALE_IN_WOULD_SATURATE": "HoldScaleInWouldSaturate",
     },
     ReplanReason: {
         "AWAITING_MEASUREMENT": "AwaitingMeasurement",
@@ -104,6 +107,8 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "AT_MAX_REPLICAS": "AtMaxReplicas",
         "WITHIN_CAPACITY": "WithinCapacity",
         "LOW_CONCURRENCY": "LowConcurrency",
+        "REQUESTS_FAILING": "RequestsFailing",
+        "REQUESTS_SUCCEEDING": "RequestsSucceeding",
     },
     EventReason: {
         "DEPLOYED": "Deployed",
@@ -113,6 +118,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "MANUAL_SCALE_REVERTED": "ManualScaleReverted",
         "SCALE_RESUMED": "ScaleResumed",
         "STATISTICS_UNAVAILABLE": "StatisticsUnavailable",
+        "REQUESTS_FAILING": "RequestsFailing",
     },
     ProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured"},
     PlannedProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured", "FIRST_PLAN": "FirstPlan"},

@@ -31,6 +31,8 @@ class ConditionType(StrEnum):
     CAPACITY_LIMITED = "CapacityLimited"
     #: only while the pods run another config than the plan's: False, RolledBackByHand
     CONFIG_APPLIED = "ConfigApplied"
+    #: from the first window in which requests failed: True while they do (RequestsFailing), then False
+    REQUESTS_FAILING = "RequestsFailing"
 
 
 class SpecReason(StrEnum):
@@ -71,6 +73,11 @@ class ScalingReason(StrEnum):
     HOLD_STABILIZING = "HoldStabilizing"
     HOLD_WITHIN_TOLERANCE = "HoldWithinTolerance"
     SCALING_OFF = "ScalingOff"
+    #: at least policy.scaling.FAILURE_FRACTION of the requests fail: no scale-in (and no scale-out while none
+    #: succeeds)
+    HOLD_REQUESTS_FAILING = "HoldRequestsFailing"
+    #: the rate alone would scale in, but the fewer replicas would be saturated (their scale-out rules refuse it)
+    HOLD_SCALE_IN_WOULD_SATURATE = "HoldScaleInWouldSaturate"
 
 
 class ReplanReason(StrEnum):
@@ -140,6 +147,9 @@ class ConditionReason(StrEnum):
     WITHIN_CAPACITY = "WithinCapacity"
     # BatchingEffective=False: clients send one request at a time, so there is nothing to batch
     LOW_CONCURRENCY = "LowConcurrency"
+    # RequestsFailing: True while failed requests reach policy.scaling.FAILURE_FRACTION, False once they stop
+    REQUESTS_FAILING = ConditionType.REQUESTS_FAILING
+    REQUESTS_SUCCEEDING = "RequestsSucceeding"
 
 
 class EventReason(StrEnum):
@@ -155,3 +165,5 @@ class EventReason(StrEnum):
     #: a scale status recorded but the Deployment never got (the operator stopped in between) was completed
     SCALE_RESUMED = "ScaleResumed"
     STATISTICS_UNAVAILABLE = "StatisticsUnavailable"
+    #: a Warning once RequestsFailing turns True (requests the model rejects or fails)
+    REQUESTS_FAILING = ConditionReason.REQUESTS_FAILING
