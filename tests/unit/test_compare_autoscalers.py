@@ -27,7 +27,7 @@ from batchfill.compare.autoscalers import (
     request_rate_metric,
     signals_from,
 )
-from batchfill.policy.scaling import PlanNumbers, Recommendation, Replicas, ScalingInput, decide
+from batchfill.policy.scaling import PlanNumbers, Recommendation, Replicas, Saturation, ScalingInput, decide
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.sim import traces
 from batchfill.sim.batcher import BatcherConfig
@@ -272,16 +272,17 @@ def expected_signals(o: Observation) -> ModelSignals:
 
 
 def replay_decide(observations: list[Observation]) -> list[tuple[int, str]]:
-    """policy.scaling.decide called directly on each observation, carrying the history."""
+    """policy.scaling.decide called directly on each observation, carrying the history and the saturation."""
     history: tuple[Recommendation, ...] = ()
+    saturation: Saturation | None = None
     numbers = PlanNumbers(
         capacity_rps=150.0, max_batch_size=4, max_queue_delay_us=2_000, server_budget_ms=40.0, batch_fill_at_target=0.6
     )
     out = []
     for o in observations:
         reps = Replicas(current=o.current, ready=o.ready, starting=o.starting)
-        d = decide(ScalingInput(o.now_s, expected_signals(o), numbers, SCALING, reps, history))
-        history = d.history
+        d = decide(ScalingInput(o.now_s, expected_signals(o), numbers, SCALING, reps, history, saturation))
+        history, saturation = d.history, d.saturation
         out.append((d.desired_replicas, d.reason))
     return out
 

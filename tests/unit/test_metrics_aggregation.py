@@ -48,6 +48,7 @@ def results(
     pods: Mapping[str | tuple[str, str, str], tuple[float, float, float, float]],
     p99_us: Mapping[str, float] | None = None,
     pending: Mapping[str, float] | None = None,
+    failures: Mapping[str, float] | None = None,
 ) -> QueryResults:
     """Per pod (or full (namespace, pod, model) key): (Δsuccess, Δinference_count, Δexec_count, Δqueue_us)."""
 
@@ -65,6 +66,7 @@ def results(
         queue_us=cols[3],
         p99_us={key(p): v for p, v in (p99_us or {}).items()},
         pending={key(p): v for p, v in (pending or {}).items()},
+        failures={key(p): v for p, v in (failures or {}).items()},
     )
 
 
@@ -395,7 +397,7 @@ def test_promql_duration_rejects(bad: float) -> None:
 def test_queries_cover_all_targets_once_and_escape_regex() -> None:
     ts = [target(ns="a", model="resnet.v1"), target(ns="b", model="m+x"), target(ns="a", model="resnet.v1", name="2")]
     q = build_queries(ts, 30)
-    assert len(q) == 6
+    assert len(q) == 7
     assert '{model=~"m\\\\+x|resnet\\\\.v1",namespace=~"a|b"}' in q["success"]
     assert "[30s]" in q["success"]
     with pytest.raises(ValueError, match="no targets"):
@@ -492,6 +494,7 @@ def test_fetch_ok_one_query_per_signal_at_one_instant(stub: Any) -> None:
         "nv_inference_queue_duration_us": "240000",
         "nv_inference_request_summary_us": "25000",
         "nv_inference_pending_request_count": "1",
+        "nv_inference_request_failure": "30",
     }
 
     def answer(query: str) -> Reply:
@@ -509,8 +512,9 @@ def test_fetch_ok_one_query_per_signal_at_one_instant(stub: Any) -> None:
     assert s.queue_time_ms == pytest.approx(2.0)
     assert s.p99_ms == pytest.approx(25.0)
     assert s.pending_requests == 1
+    assert s.failure_rate_rps == pytest.approx(0.5)
     assert out[("ml", "empty")].reason == SignalsReason.NO_READY_PODS
-    assert len(seen) == 6
+    assert len(seen) == 7
     assert {p["time"][0] for p in seen} == {"1700000000.000"}
     assert {p["timeout"][0] for p in seen} == {"2s"}
 
@@ -550,9 +554,9 @@ def test_fetch_failures_are_told_apart(stub: Any, reply: tuple[int, bytes], reas
         out = prom.fetch([target({"p1"}, name="a"), target({"q1"}, name="b")])
     assert {s.reason for s in out.values()} == {reason}, out
     assert all(s.state is SignalState.UNKNOWN and s.request_rate_rps is None for s in out.values())
-    # the six queries run concurrently (a failure cancels only those not sent yet); none is retried
+    # the seven queries run concurrently (a failure cancels only those not sent yet); none is retried
     sent = [q["query"][0] for q in seen]
-    assert 1 <= len(sent) <= 6
+    assert 1 <= len(sent) <= 7
     assert len(set(sent)) == len(sent), sent
 
 
@@ -578,3 +582,54 @@ def test_fetch_connection_refused() -> None:
 def test_signals_reject_bad_settings(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="positive"):
         PrometheusSignals("http://127.0.0.1:1", **kwargs)
+
+
+# -- failed requests are traffic, not idleness ----------------------------------------------------------------------
+
+
+def test_failure_query_takes_increase_per_series_then_sum() -> None:
+    q = build_queries([target()], W)
+    assert q["failures"] == (
+        'sum by (namespace, pod, model) (increase(nv_inference_request_failure{model=~"m",namespace=~"ml"}[60s]))'
+    )
+
+
+def test_every_request_failing_is_ok_with_a_failure_rate_not_idle() -> None:
+    # the model rejects every input: success, inferences, executions and queue time stay flat, failures grow
+    # (Triton 2.51 counts the failed executions, without samples)
+    s = one(target({"p1", "p2"}), results({"p1": (0, 0, 9, 0), "p2": (0, 0, 3, 0)}, failures={"p1": 90, "p2": 30}))
+    assert s.state is SignalState.OK, s.message
+    assert (s.request_rate_rps, s.inference_rate_rps) == (0.0, 0.0)
+    assert s.failure_rate_rps == pytest.approx(120 / W)
+    assert s.failure_fraction == 1.0
+    assert (s.avg_batch_size, s.batch_fill, s.queue_time_ms) == (None, None, None)
+    assert "failed 2.00 req/s" in s.message
+    assert_json_safe(s)
+
+
+def test_failures_with_pending_requests_are_not_stalled() -> None:
+    s = one(target(), results({"p1": (0, 0, 0, 0)}, pending={"p1": 4}, failures={"p1": 6}))
+    assert (s.state, s.failure_rate_rps, s.pending_requests) == (SignalState.OK, pytest.approx(0.1), 4)
+
+
+def test_some_failures_among_successes_give_their_share() -> None:
+    s = one(target(), results({"p1": (270, 270, 90, 270 * 1000)}, failures={"p1": 30}))
+    assert s.state is SignalState.OK
+    assert s.request_rate_rps == pytest.approx(4.5)
+    assert s.failure_fraction == pytest.approx(0.1)
+    assert s.queue_time_ms == pytest.approx(1.0)
+
+
+def test_no_traffic_and_no_failures_is_still_idle_and_the_counter_is_optional() -> None:
+    idle = one(target(), results({"p1": (0, 0, 0, 0)}, failures={"p1": 0}))
+    assert (idle.state, idle.failure_rate_rps) == (SignalState.IDLE, 0.0)
+    # a Triton without the failure series: the pod still counts, the rate is not measured
+    s = one(target(), results({"p1": (60, 60, 60, 0)}))
+    assert (s.state, s.failure_rate_rps, s.failure_fraction) == (SignalState.OK, None, None)
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -1.0])
+def test_invalid_failure_increase_is_unknown(bad: float) -> None:
+    s = one(target(), results({"p1": (60, 60, 60, 0)}, failures={"p1": bad}))
+    assert (s.state, s.reason) == (SignalState.UNKNOWN, SignalsReason.INVALID_VALUE)
+    assert "failures" in s.message

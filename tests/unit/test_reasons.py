@@ -40,6 +40,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "PROGRESSING": "Progressing",
         "RECONCILING": "Reconciling",
         "STALLED": "Stalled",
+        "REQUESTS_FAILING": "RequestsFailing",
     },
     ConditionStatus: {"TRUE": "True", "FALSE": "False", "UNKNOWN": "Unknown"},
     SpecReason: {
@@ -69,6 +70,8 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "HOLD_STABILIZING": "HoldStabilizing",
         "HOLD_WITHIN_TOLERANCE": "HoldWithinTolerance",
         "SCALING_OFF": "ScalingOff",
+        "HOLD_REQUESTS_FAILING": "HoldRequestsFailing",
+        "HOLD_SCALE_IN_WOULD_SATURATE": "HoldScaleInWouldSaturate",
     },
     ReplanReason: {
         "AWAITING_MEASUREMENT": "AwaitingMeasurement",
@@ -110,6 +113,8 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "ROLLING_OUT": "RollingOut",
         "ROLLOUT_COMPLETE": "RolloutComplete",
         "SLA_AT_RISK": "SLAAtRisk",
+        "REQUESTS_FAILING": "RequestsFailing",
+        "REQUESTS_SUCCEEDING": "RequestsSucceeding",
     },
     EventReason: {
         "DEPLOYED": "Deployed",
@@ -120,6 +125,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "SCALE_RESUMED": "ScaleResumed",
         "STATISTICS_UNAVAILABLE": "StatisticsUnavailable",
         "GENERATION_UNHANDLED": "GenerationUnhandled",
+        "REQUESTS_FAILING": "RequestsFailing",
     },
     ProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured"},
     PlannedProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured", "FIRST_PLAN": "FirstPlan"},

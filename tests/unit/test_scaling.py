@@ -21,6 +21,7 @@ from batchfill.policy.scaling import (
     PlanNumbers,
     Recommendation,
     Replicas,
+    Saturation,
     ScalingInput,
     compact_history,
     decide,
@@ -52,6 +53,10 @@ def ok(rate: float, fill: float = 0.5, queue: float = 2.0, p99: float | None = 4
     )
 
 
+#: The batch fill of a light load: 40 rps over 3 or 4 replicas fills about 1 of 8 per batch, so one replica can
+#: carry it without saturating (fill·ready/n stays below the saturation fill 0.8 on the scale-in target n).
+LIGHT = 0.15
+
 IDLE = ModelSignals(state=SignalState.IDLE, pods=3, request_rate_rps=0.0, inference_rate_rps=0.0, queue_time_ms=0.0)
 UNKNOWN = ModelSignals.unknown(SignalsReason.PROMETHEUS_UNAVAILABLE, "connection refused")
 
@@ -67,6 +72,7 @@ def run(
     history: tuple[Recommendation, ...] | None = None,
     now: float = NOW,
     plan: PlanNumbers = PLAN,
+    saturation: Saturation | None = None,
     **scaling: Any,
 ) -> Decision:
     """One decision; by default the previous tick (15 s ago, same Ready count) voted for 0 (nothing held back)."""
@@ -77,7 +83,7 @@ def run(
     reps = Replicas(
         current, ready, starting, pending, PENDING_GPU if pending else "", failing, CRASHING if failing else ""
     )
-    return decide(ScalingInput(now, signals, plan, spec, reps, history))
+    return decide(ScalingInput(now, signals, plan, spec, reps, history, saturation))
 
 
 CRASHING = "m-triton-7d59-x2: CrashLoopBackOff (triton exited 1, 3 restarts)"
@@ -113,9 +119,13 @@ QUIET = None  # run()'s default history: nothing holds a scale-in back
         # 40 rps fits on 1, but 3 was recommended 200 s ago (window 300 s)
         pytest.param(ok(40), 3, 3, votes((200, 3)), 3, R.HOLD_STABILIZING, 1, id="scale-in-waits"),
         # the 3 was recommended exactly 300 s ago: out of the window, scale in
-        pytest.param(ok(40), 3, 3, votes((300, 3), (100, 1)), 1, R.SCALE_IN_LOAD_FITS, 1, id="scale-in-after-window"),
+        pytest.param(
+            ok(40, LIGHT), 3, 3, votes((300, 3), (100, 1)), 1, R.SCALE_IN_LOAD_FITS, 1, id="scale-in-after-window"
+        ),
         # the window's largest vote (2) limits the scale-in
-        pytest.param(ok(40), 4, 4, votes((250, 2), (100, 1)), 2, R.SCALE_IN_LOAD_FITS, 1, id="scale-in-to-window-max"),
+        pytest.param(
+            ok(40, LIGHT), 4, 4, votes((250, 2), (100, 1)), 2, R.SCALE_IN_LOAD_FITS, 1, id="scale-in-to-window-max"
+        ),
         # a fresh start (no history, or a gap longer than the window) never scales in on its first tick
         pytest.param(ok(40), 3, 3, (), 3, R.HOLD_STABILIZING, 1, id="restart-no-history"),
         pytest.param(IDLE, 3, 3, votes((290, 3)), 3, R.HOLD_STABILIZING, 0, id="idle-stabilizing"),
@@ -201,7 +211,7 @@ def test_pending_for_gpu_is_reported_and_blocks_scale_out() -> None:
     assert (d.pending_replicas, d.pending_reason) == (1, PENDING_GPU)
     assert d.message.endswith("; 1 Pending: " + PENDING_GPU)
     # the pending pod is removed again when the load fits on fewer
-    d = run(ok(30), 3, 2, pending=1)
+    d = run(ok(30, LIGHT), 3, 2, pending=1)
     assert (d.desired_replicas, d.reason) == (1, R.SCALE_IN_LOAD_FITS)
 
 
@@ -287,7 +297,7 @@ def test_c11_idle_scales_in_after_the_window_exactly() -> None:
 
 def test_c12_outage_holds_then_resumes_without_a_burst() -> None:
     """4 replicas at peak; Prometheus down 10 min; load back lower: no scale-in until a full window of data."""
-    ds = ticks([(600, UNKNOWN, -1), (600, ok(40), -1)], 4)
+    ds = ticks([(600, UNKNOWN, -1), (600, ok(40, LIGHT), -1)], 4)
     outage, after = ds[:40], ds[40:]
     assert {(d.desired_replicas, d.reason, d.apply) for d in outage} == {(4, R.HOLD_METRICS_UNKNOWN, False)}
     assert not any(d.metrics_available for d in outage)

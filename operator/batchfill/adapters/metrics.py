@@ -11,6 +11,7 @@ models and namespaces of the targets (``{model=~"m1|m2",namespace=~"ns1|ns2"}``)
     queue_us    sum by (namespace, pod, model) (increase(nv_inference_queue_duration_us SEL [W]))     µs
     p99_us      max by (namespace, pod, model) (nv_inference_request_summary_us{quantile="0.99",...}) µs
     pending     sum by (namespace, pod, model) (nv_inference_pending_request_count SEL)               requests
+    failures    sum by (namespace, pod, model) (increase(nv_inference_request_failure SEL [W]))       requests
 
 ``increase`` is taken per series (per Triton version, per scrape target) and *then* summed, so a counter reset
 when one pod restarts is detected by Prometheus on that series alone (docs/field-cases.md#counter-resets);
@@ -30,34 +31,42 @@ pods count. Increases are summed over those pods before any division (docs/field
 * ``queue_time_ms      = Σ Δnv_inference_queue_duration_us / Σ Δnv_inference_request_success / 1000``
 * ``p99_ms             = max over pods of nv_inference_request_summary_us{quantile="0.99"} / 1000``
 * ``pending_requests   = Σ nv_inference_pending_request_count`` (now, not over the window)
+* ``failure_rate_rps   = Σ Δnv_inference_request_failure / W`` (Triton labels its failures by ``reason``; the
+  sum covers them all)
 
 States (decisions on edge cases):
 
 * A pod *counts* when all four counter series (success, inferences, executions, queue) are present for it.
   ``increase`` needs two samples in the window, so a pod scraped once so far does not count yet.
 * ``Unknown/NoReadyPods``: the target has no Ready pod (checked first: no query result can help).
-* ``Unknown/PrometheusUnavailable|PrometheusTimeout|PrometheusError``: any of the six queries failed (connection
+* ``Unknown/PrometheusUnavailable|PrometheusTimeout|PrometheusError``: any of the seven queries failed (connection
   refused or HTTP 503 / timeout, client- or server-side / any other HTTP error or malformed answer). Every target
   gets it: one Prometheus answers all queries, so partial answers are not mixed.
 * ``Unknown/NoSeries``: no Ready pod of the target has the four counter series (not scraped, wrong labels,
   another namespace). Missing data is never zero load (docs/field-cases.md#missing-metrics).
 * ``Unknown/InvalidValue``: NaN, ±Inf or a negative value in a counted pod's counter increase, or ±Inf or a
   negative value in its p99 or pending sample. Series of pods that do not count are not inspected.
-* ``Unknown/Stalled``: zero successful requests in the window while requests are pending: the server completes
-  nothing, which is neither idle nor a measurable load; the policy holds.
-* ``Idle``: series present, Σ Δsuccess = 0 and nothing pending (docs/field-cases.md#no-traffic). Rates are 0;
+* ``Unknown/Stalled``: no request succeeded or failed in the window while requests are pending: the server
+  completes nothing, which is neither idle nor a measurable load; the policy holds.
+* ``Idle``: series present, Σ Δsuccess = Σ Δfailure = 0 and nothing pending (docs/field-cases.md#no-traffic).
+  Rates are 0;
   average batch size, batch fill, queue time and p99 are ``None`` (no request was served in the window, so
   nothing to average; never NaN); pending is reported.
-* ``Ok``: Σ Δsuccess > 0. ``avg_batch_size``/``batch_fill`` are ``None`` if Σ Δexec is 0 (an extrapolation
-  corner at the window edge), ``batch_fill`` is ``None`` if ``max_batch_size`` < 1 (no batching).
+* ``Ok``: Σ Δsuccess > 0 or Σ Δfailure > 0: requests that fail are traffic, not idleness (a model whose
+  execution fails stops the success counter only; Triton 2.51 counts requests it refuses before the model, of
+  the wrong shape or data type, in neither counter, so those look like no traffic). Without a success,
+  ``queue_time_ms``, ``avg_batch_size`` and ``batch_fill`` are ``None`` (failed executions hold no samples).
+  ``avg_batch_size``/``batch_fill`` are ``None`` if Σ Δexec is 0 (an extrapolation corner at the window edge,
+  or nothing executed), ``batch_fill`` is ``None`` if ``max_batch_size`` < 1 (no batching).
   ``p99_ms`` is ``None`` when no counted pod has a finite summary: a NaN quantile is Triton's "no observation in
   the summary's sliding window", and a missing summary means Triton runs without
   ``--metrics-config summary_latencies=true``; neither makes the other signals unknown. Triton's summary covers
   its own sliding window of recent requests (prometheus-cpp's ``max_age``), not ``W``. ``pending_requests`` is
-  ``None`` if no counted pod has the gauge.
+  ``None`` if no counted pod has the gauge, ``failure_rate_rps`` if none has the failure counter (it is not
+  needed for a pod to count).
 
 :class:`PrometheusSignals` is the thin HTTP part (``prometheus-api-client``'s ``PrometheusConnect``, without its
-pandas features): it evaluates the six queries at one instant and hands the results to :func:`aggregate`.
+pandas features): it evaluates the seven queries at one instant and hands the results to :func:`aggregate`.
 """
 
 from __future__ import annotations
@@ -90,7 +99,8 @@ COUNTERS: dict[str, str] = {
 }
 P99_METRIC = "nv_inference_request_summary_us"  # µs, quantile label
 PENDING_METRIC = "nv_inference_pending_request_count"  # gauge, requests
-SIGNALS = (*COUNTERS, "p99_us", "pending")
+FAILURE_METRIC = "nv_inference_request_failure"  # counter, requests (one series per failure reason)
+SIGNALS = (*COUNTERS, "p99_us", "pending", "failures")
 
 
 @dataclass(frozen=True)
@@ -118,9 +128,9 @@ class SignalTarget:
 
 @dataclass(frozen=True)
 class QueryResults:
-    """Parsed answers of the six queries, each ``{(namespace, pod, model): value}``.
+    """Parsed answers of the seven queries, each ``{(namespace, pod, model): value}``.
 
-    Counter values are increases over the window (``success``/``executions``/``inferences`` in counts,
+    Counter values are increases over the window (``success``/``executions``/``inferences``/``failures`` in counts,
     ``queue_us`` in µs); ``p99_us`` is in µs; ``pending`` in requests. Values may be NaN or ±Inf as Prometheus
     sent them; :func:`aggregate` decides what they mean.
     """
@@ -131,6 +141,7 @@ class QueryResults:
     queue_us: Mapping[SeriesKey, float] = field(default_factory=dict)
     p99_us: Mapping[SeriesKey, float] = field(default_factory=dict)
     pending: Mapping[SeriesKey, float] = field(default_factory=dict)
+    failures: Mapping[SeriesKey, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,7 +194,7 @@ def series_selector(targets: Iterable[SignalTarget], extra: str = "") -> str:
 
 
 def build_queries(targets: Iterable[SignalTarget], window_s: float) -> dict[str, str]:
-    """The six PromQL queries (signal name -> query text) for all ``targets`` over ``window_s`` seconds."""
+    """The seven PromQL queries (signal name -> query text) for all ``targets`` over ``window_s`` seconds."""
     ts = list(targets)
     if not ts:
         raise ValueError("no targets")
@@ -193,6 +204,7 @@ def build_queries(targets: Iterable[SignalTarget], window_s: float) -> dict[str,
     p99_sel = series_selector(ts, 'quantile="0.99"')
     queries["p99_us"] = f"max by ({GROUP_BY}) ({P99_METRIC}{p99_sel})"
     queries["pending"] = f"sum by ({GROUP_BY}) ({PENDING_METRIC}{sel})"
+    queries["failures"] = f"sum by ({GROUP_BY}) (increase({FAILURE_METRIC}{sel}[{w}]))"
     return queries
 
 
@@ -240,7 +252,7 @@ def _fmt(x: float | None, unit: str = "", digits: int = 1) -> str:
 def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) -> ModelSignals:
     """The :class:`ModelSignals` of one target from parsed query results (see the module docstring).
 
-    Long because each empty, NaN and multi-series case of the six queries is spelled out in turn, as KEDA's
+    Long because each empty, NaN and multi-series case of the seven queries is spelled out in turn, as KEDA's
     Prometheus scaler does.
     """
     w = window_s
@@ -269,6 +281,10 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
             v = g.get(k)
             if v is not None and not math.isnan(v) and _bad(v):
                 return ModelSignals.unknown(SignalsReason.INVALID_VALUE, f"{where}: pod {k[1]}: {name} is {v}", w)
+        if k in results.failures and _bad(results.failures[k]):
+            return ModelSignals.unknown(
+                SignalsReason.INVALID_VALUE, f"{where}: pod {k[1]}: increase of failures is {results.failures[k]}", w
+            )
 
     # Plain sums: an absurd value overflows to inf (fsum would raise) and is caught below.
     success = sum(results.success[k] for k in counted)
@@ -277,16 +293,19 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
     queue_us = sum(results.queue_us[k] for k in counted)
     pendings = [results.pending[k] for k in counted if k in results.pending and math.isfinite(results.pending[k])]
     pending = sum(pendings) if pendings else None
+    failed = [results.failures[k] for k in counted if k in results.failures]
+    failures = sum(failed) if failed else None
     p99s = [results.p99_us[k] for k in counted if k in results.p99_us and math.isfinite(results.p99_us[k])]
     pods = len(counted)
     of = f"{pods} of {len(keys)} Ready pod(s)"
 
     overflow = _overflow(success=success, inferences=inferences, executions=executions, queue_us=queue_us)
-    overflow = overflow or _overflow(pending=pending)
+    overflow = overflow or _overflow(pending=pending, failures=failures)
     if overflow:
         return ModelSignals.unknown(SignalsReason.INVALID_VALUE, f"{where}: {overflow}", w)
 
-    if success == 0:
+    failure_rate = None if failures is None else failures / w
+    if success == 0 and not failures:
         if pending:
             return ModelSignals.unknown(
                 SignalsReason.STALLED,
@@ -301,11 +320,12 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
             request_rate_rps=0.0,
             inference_rate_rps=inferences / w,
             pending_requests=pending,
+            failure_rate_rps=failure_rate,
         )
 
-    avg = inferences / executions if executions > 0 else None
+    avg = inferences / executions if executions > 0 and success > 0 else None
     fill = None if avg is None or target.max_batch_size < 1 else min(1.0, max(0.0, avg / target.max_batch_size))
-    queue_ms = queue_us / success / 1000.0
+    queue_ms = queue_us / success / 1000.0 if success > 0 else None
     p99_ms = max(p99s) / 1000.0 if p99s else None
     rate = success / w
     overflow = _overflow(
@@ -317,8 +337,8 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
         state=SignalState.OK,
         message=(
             f"{where}, {of} over {promql_duration(w)}: {rate:.2f} req/s, average batch {_fmt(avg, '', 2)} "
-            f"of {target.max_batch_size} (fill {_fmt(fill, '', 2)}), queue {queue_ms:.2f} ms/request, "
-            f"p99 {_fmt(p99_ms, ' ms')}, pending {_fmt(pending, '', 0)}"
+            f"of {target.max_batch_size} (fill {_fmt(fill, '', 2)}), queue {_fmt(queue_ms, ' ms', 2)}/request, "
+            f"p99 {_fmt(p99_ms, ' ms')}, pending {_fmt(pending, '', 0)}, failed {_fmt(failure_rate, ' req/s', 2)}"
         ),
         window_s=w,
         pods=pods,
@@ -329,6 +349,7 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
         queue_time_ms=queue_ms,
         p99_ms=p99_ms,
         pending_requests=pending,
+        failure_rate_rps=failure_rate,
     )
 
 
@@ -337,7 +358,7 @@ def aggregate(
 ) -> dict[TargetKey, ModelSignals]:
     """``{(namespace, BatchedModel name): ModelSignals}`` for every target; pure (no I/O, no clock).
 
-    ``results`` is what the six queries returned, or the :class:`QueryFailure` that stopped them (then every
+    ``results`` is what the seven queries returned, or the :class:`QueryFailure` that stopped them (then every
     target is Unknown with its reason). ``window_s`` is the ``increase`` window the queries used, in seconds.
     """
     out: dict[TargetKey, ModelSignals] = {}
@@ -413,11 +434,11 @@ class PrometheusSignals:
         self.window_s = float(window_s)
         self.timeout_s = float(timeout_s)
         self._prom = PrometheusConnect(url=self.url, retry=Retry(total=0, redirect=0), timeout=timeout_s)
-        # the six queries run side by side: a pass waits for the slowest, not for their sum
+        # the seven queries run side by side: a pass waits for the slowest, not for their sum
         self._pool = ThreadPoolExecutor(max_workers=len(SIGNALS), thread_name_prefix="batchfill-prometheus")
 
     def query_all(self, targets: Iterable[SignalTarget], at: float | None = None) -> QueryResults | QueryFailure:
-        """Run the six queries at one instant (``at``, Unix seconds; now by default), concurrently; the first
+        """Run the seven queries at one instant (``at``, Unix seconds; now by default), concurrently; the first
         failure in :data:`SIGNALS` order is the answer."""
         queries = build_queries(targets, self.window_s)
         params = {"time": f"{time.time() if at is None else at:.3f}", "timeout": promql_duration(self.timeout_s)}

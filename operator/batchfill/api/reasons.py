@@ -37,6 +37,8 @@ class ConditionType(StrEnum):
     #: Progressing or no replica is Ready yet, Stalled while Ready is False for a reason waiting cannot fix
     RECONCILING = "Reconciling"
     STALLED = "Stalled"
+    #: from the first window in which requests failed: True while they do (RequestsFailing), then False
+    REQUESTS_FAILING = "RequestsFailing"
 
 
 class SpecReason(StrEnum):
@@ -77,6 +79,11 @@ class ScalingReason(StrEnum):
     HOLD_STABILIZING = "HoldStabilizing"
     HOLD_WITHIN_TOLERANCE = "HoldWithinTolerance"
     SCALING_OFF = "ScalingOff"
+    #: at least policy.scaling.FAILURE_FRACTION of the requests fail: no scale-in (and no scale-out while none
+    #: succeeds)
+    HOLD_REQUESTS_FAILING = "HoldRequestsFailing"
+    #: the rate alone would scale in, but the fewer replicas would be saturated (their scale-out rules refuse it)
+    HOLD_SCALE_IN_WOULD_SATURATE = "HoldScaleInWouldSaturate"
 
 
 class ReplanReason(StrEnum):
@@ -151,6 +158,9 @@ class ConditionReason(StrEnum):
     ROLLOUT_COMPLETE = "RolloutComplete"
     # Ready=False: the load wants more than can run, or the observed p99 is over the server budget
     SLA_AT_RISK = "SLAAtRisk"
+    # RequestsFailing: True while failed requests reach policy.scaling.FAILURE_FRACTION, False once they stop
+    REQUESTS_FAILING = ConditionType.REQUESTS_FAILING
+    REQUESTS_SUCCEEDING = "RequestsSucceeding"
 
 
 class EventReason(StrEnum):
@@ -169,3 +179,5 @@ class EventReason(StrEnum):
     #: status did not observe a generation for BATCHFILL_UNHANDLED_GENERATION_SECONDS (a stalled watch, a stuck
     #: handler): the scaling loop reconciled it itself (controller.loops.ScalingLoop)
     GENERATION_UNHANDLED = "GenerationUnhandled"
+    #: a Warning once RequestsFailing turns True (requests the model rejects or fails)
+    REQUESTS_FAILING = ConditionReason.REQUESTS_FAILING

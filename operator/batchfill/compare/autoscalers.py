@@ -36,7 +36,7 @@ from enum import StrEnum
 
 from batchfill.api.spec import ScalingSpec
 from batchfill.api.status import PlanStatus
-from batchfill.policy.scaling import PlanNumbers, Recommendation, Replicas, ScalingInput, decide
+from batchfill.policy.scaling import PlanNumbers, Recommendation, Replicas, Saturation, ScalingInput, decide
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.sim.fleet import Observation, ScaleDecision
 
@@ -73,14 +73,14 @@ class BatchfillAutoscaler:
     scaling: ScalingSpec
     name: str = "batchfill"
     history: tuple[Recommendation, ...] = ()
+    saturation: Saturation | None = None
 
     def decide(self, obs: Observation) -> ScaleDecision:
         signals = signals_from(obs, self.plan.maxBatchSize)
         replicas = Replicas(current=obs.current, ready=obs.ready, starting=obs.starting)
-        d = decide(
-            ScalingInput(obs.now_s, signals, PlanNumbers.from_status(self.plan), self.scaling, replicas, self.history)
-        )
-        self.history = d.history
+        plan = PlanNumbers.from_status(self.plan)
+        d = decide(ScalingInput(obs.now_s, signals, plan, self.scaling, replicas, self.history, self.saturation))
+        self.history, self.saturation = d.history, d.saturation
         return ScaleDecision(d.desired_replicas, d.reason)
 
 

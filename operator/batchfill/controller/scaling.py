@@ -43,6 +43,7 @@ from batchfill.controller.status import (
     hand_rollback,
     observed_status,
     replicas_managers,
+    requests_failing_conditions,
     scaling_conditions,
     stored_votes,
 )
@@ -52,6 +53,7 @@ from batchfill.policy.scaling import (
     PlanNumbers,
     Recommendation,
     Replicas,
+    Saturation,
     ScalingInput,
     compact_history,
     decide,
@@ -91,12 +93,14 @@ class ScalingMemory:
             with them.
         monitored: the model's ServiceMonitor was seen: it is not looked for again (one GET per model per tick
             would be the loop's largest cost).
+        saturation: the decision's ``Decision.saturation`` (lost on restart: the next saturation is seen again).
     """
 
     history: tuple[Recommendation, ...] = ()
     last_tick: float | None = None
     holding: int = 0
     monitored: bool = False
+    saturation: Saturation | None = None
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     assert deployment is not None  # a missing one is drift
     assert signals is not None  # gather_scale reads them whenever it reads the Deployment
     pods = pod_counts(inputs.pods)
-    spec, plan = desired.spec, desired.plan_status
+    spec, plan, numbers = desired.spec, desired.plan_status, PlanNumbers.from_status(desired.plan_status)
 
     current = int((deployment.get("spec") or {}).get("replicas") or 0)
     restored = None
@@ -276,7 +280,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     # a restarted or newly elected operator continues the window status kept
     history = memory.history or expand_history(votes, now, horizon, interval_s)
     replicas = _replicas(current, pods, signals)
-    decision = decide(ScalingInput(now, signals, PlanNumbers.from_status(plan), spec.scaling, replicas, history))
+    decision = decide(ScalingInput(now, signals, numbers, spec.scaling, replicas, history, memory.saturation))
     target = decision.desired_replicas if decision.apply else current
     in_place = in_place_reason(deployment, inputs.pods, now)
     events = (
@@ -285,8 +289,10 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
         *([("Warning", EventReason.ROLLING_IN_PLACE, in_place)] if in_place else []),
     )
 
-    extra = scaling_conditions(decision, signals)
-    wanted = desired_status(inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing, sla_risk=sla_risk(decision))  # fmt: skip  # noqa: E501
+    extra = [*scaling_conditions(decision, signals), *requests_failing_conditions(decision, status.get("conditions"))]
+    wanted = desired_status(
+        inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing, sla_risk=sla_risk(decision)
+    )
     wanted["desiredReplicas"] = decision.desired_replicas
     wanted["appliedReplicas"] = target if auto else None
     wanted["lastScaleReason"] = decision.reason
@@ -311,7 +317,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
         metrics=metrics,
         reapply=in_place,
         in_place=bool(in_place),
-        memory=ScalingMemory(decision.history, now, len(pods.ready) + pods.starting, monitored),
+        memory=ScalingMemory(decision.history, now, len(pods.ready) + pods.starting, monitored, decision.saturation),
         memory_if_stale=replace(memory, monitored=monitored),
     )
 
@@ -385,6 +391,11 @@ def _scale_events(
         # once per outage: Prometheus trouble is a Warning; pods not scraped yet (a new model or pod) are expected
         expected_gap = signals.reason in (SignalsReason.NO_SERIES, SignalsReason.NO_READY_PODS)
         events.append(("Normal" if expected_gap else "Warning", ScalingReason.HOLD_METRICS_UNKNOWN, decision.message))
+    # a Warning once RequestsFailing turns True (the stored condition is not True yet)
+    stored = cond.find(status.get("conditions"), ConditionType.REQUESTS_FAILING) or {}
+    for failing in requests_failing_conditions(decision, status.get("conditions")):
+        if failing.status == ConditionStatus.TRUE and stored.get("status") != ConditionStatus.TRUE:
+            events.append(("Warning", EventReason.REQUESTS_FAILING, failing.message))
     return tuple(events)
 
 

@@ -403,3 +403,29 @@ def scaling_conditions(decision: Decision, signals: ModelSignals) -> list[cond.C
             )
         )
     return updates
+
+
+def requests_failing_conditions(
+    decision: Decision, stored: Sequence[Mapping[str, Any]] | None
+) -> list[cond.ConditionUpdate]:
+    """RequestsFailing of one decision: True while at least ``policy.scaling.FAILURE_FRACTION`` of the window's
+    requests fail (the message gives the failure rate); False once they stop, if the condition is there; none
+    (the stored one stays) while the signals are unknown, or when no request ever failed."""
+    if not decision.metrics_available:
+        return []
+    if decision.requests_failing:
+        return [cond.ConditionUpdate(
+            ConditionType.REQUESTS_FAILING,
+            ConditionStatus.TRUE,
+            ConditionReason.REQUESTS_FAILING,
+            f"{decision.failure_rate_rps or 0:.3g} failed requests/s, {decision.failure_fraction or 0:.0%} of all "
+            "requests (nv_inference_request_failure): not idle, so no scale-in; see Triton's log for the cause",
+        )]  # fmt: skip
+    if cond.find(stored, ConditionType.REQUESTS_FAILING) is None:
+        return []
+    message = f"{decision.failure_rate_rps or 0:.3g} failed requests/s"
+    return [
+        cond.ConditionUpdate(
+            ConditionType.REQUESTS_FAILING, ConditionStatus.FALSE, ConditionReason.REQUESTS_SUCCEEDING, message
+        )
+    ]

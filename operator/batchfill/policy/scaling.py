@@ -35,11 +35,24 @@ Rules, the first that applies decides:
    on the way or otherwise: the step adds one replica for each beside the target, since the Deployment
    controller removes unready pods first on the way down; with no replica Ready at all and some failing,
    more replicas of the same config would fail the same way, so it holds (HoldReplicasFailing).
+   When at least ``FAILURE_FRACTION`` of the window's requests fail and none succeeds, more replicas of the
+   same config would fail the same way: hold (HoldRequestsFailing).
 5. Without evidence a higher load-proportional count is not acted on (HoldNotSaturated): the replicas keep
    the SLA, so the plan's capacity is conservative and another GPU would only lower the fill.
-6. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
+6. A model whose requests fail (``nv_inference_request_failure``, at least ``FAILURE_FRACTION`` of them) is
+   neither idle nor healthy: the success rate leaves the failed demand out, so it is not scaled in
+   (HoldRequestsFailing; it votes for the current count, so a window of healthy data passes before a scale-in).
+7. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
    HoldStabilizing), never while saturated or at risk; no step bound (HPA's default 100 % scale-down policy),
-   so 3 → 1 happens at the first tick after the window (docs/field-cases.md#no-traffic).
+   so 3 → 1 happens at the first tick after the window (docs/field-cases.md#no-traffic). A vote is never a count
+   the scale-out rules would refuse, or the model would scale in, then out a tick later. It is not below the
+   count ``n`` at which the window's batches, their samples beyond the first spread over fewer replicas
+   (``1 + (b - 1)·ready/n`` samples), reach the saturation fill; at which the load reaches ``n·u·C`` without
+   batching; or at which the backlog needs T beyond D. Nor is it below the count at which each replica would
+   carry ``1 - TOLERANCE`` of the lowest load per replica at which the Ready replicas were seen saturated or at
+   risk (``Saturation``, kept for ``SATURATION_MEMORY_S``): batch fill rises steeply near the pods' real
+   capacity, so one window's fill cannot tell how full fewer replicas would be, and a profile more optimistic
+   than the pods or bursty arrivals show up there. HoldScaleInWouldSaturate: the rate alone would scale in.
 
 Recommendations within 10 % of the current count keep it (HPA tolerance). Sources: Kubernetes HPA algorithm
 (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#algorithm-details, stabilization window,
@@ -56,6 +69,10 @@ from typing import NamedTuple
 from batchfill.api.reasons import ScalingReason
 from batchfill.api.spec import ScalingMode, ScalingSpec
 from batchfill.api.status import PlanStatus
+from batchfill.policy.scaling_history import Recommendation as Recommendation
+from batchfill.policy.scaling_history import compact_history as compact_history
+from batchfill.policy.scaling_history import expand_history as expand_history
+from batchfill.policy.scaling_history import history_to_store as history_to_store
 from batchfill.policy.signals import ModelSignals, SignalState
 
 #: Relative band around the current count in which the load-proportional recommendation keeps it (HPA: 0.1).
@@ -82,70 +99,27 @@ P99_QUEUE_CORROBORATION_FRACTION = 0.125
 #: Sliding window of Triton's latency summaries (prometheus-cpp's default max age), seconds: a p99 keeps showing
 #: the time before a scale-out this long.
 P99_SUMMARY_WINDOW_S = 60.0
+#: Failed requests at or above this fraction of all requests hold scale-in (rule 6): the success rate then
+#: understates the demand by more than the HPA tolerance.
+FAILURE_FRACTION = TOLERANCE
+#: How long the load per replica at which the Ready replicas were saturated bounds scale-in (rule 7), seconds.
+SATURATION_MEMORY_S = 3600.0
 #: Upper cap of the unbounded recommendation, so absurd inputs give a finite int.
 MAX_RECOMMENDATION = 1_000_000
 
 
-class Recommendation(NamedTuple):
-    """One tick's vote: at ``time`` (s) the load needed ``replicas`` while ``ready`` replicas were Ready."""
+class Saturation(NamedTuple):
+    """At ``time`` (s) the Ready replicas were saturated or at risk carrying ``load_per_replica_rps`` samples/s
+    each (the lowest such load since, rule 7)."""
 
     time: float
-    replicas: int
-    ready: int
+    load_per_replica_rps: float
 
 
 def history_horizon_s(stabilization_s: float, signal_window_s: float) -> float:
     """How far back (s) :func:`decide` looks at votes: the scale-down stabilization window, or the time the
     signals and Triton's p99 summary need to show a new replica, whichever is longer."""
     return max(float(stabilization_s), signal_window_s, P99_SUMMARY_WINDOW_S)
-
-
-def compact_history(history: tuple[Recommendation, ...], now: float, horizon_s: float) -> tuple[Recommendation, ...]:
-    """``history`` as status keeps it: times in whole seconds, an entry only where (replicas, ready) changed, and
-    no entry whose successor began before ``now - horizon_s``. A steady model keeps the same few entries, so
-    its status is not rewritten every tick; :func:`expand_history` undoes it to within a tick."""
-    out: list[Recommendation] = []
-    for h in sorted(history):
-        if out and (out[-1].replicas, out[-1].ready) == (h.replicas, h.ready):
-            continue
-        out.append(Recommendation(float(math.floor(h.time)), h.replicas, h.ready))
-    while len(out) >= 2 and out[1].time <= now - horizon_s:
-        out.pop(0)
-    return tuple(out)
-
-
-def history_to_store(
-    stored: tuple[Recommendation, ...], current: tuple[Recommendation, ...]
-) -> tuple[Recommendation, ...] | None:
-    """What ``status.scalingHistory`` should become: ``current`` (compact) when it ends in a vote or Ready count
-    the stored one does not end with, else None (keep the stored one). Entries that only aged out are not worth
-    a status write (a steady model must write nothing, docs/field-cases.md#status-write-loops);
-    :func:`expand_history` skips them anyway."""
-    if not current:
-        return None
-    if stored and (stored[-1].replicas, stored[-1].ready) == (current[-1].replicas, current[-1].ready):
-        return None
-    return current
-
-
-def expand_history(
-    compact: tuple[Recommendation, ...], now: float, horizon_s: float, step_s: float
-) -> tuple[Recommendation, ...]:
-    """Per-tick votes (one every ``step_s``) over the last ``horizon_s`` before ``now`` from the compact form:
-    each entry holds from its time until the next entry's (the last one until ``now``, excluded)."""
-    if step_s <= 0 or not math.isfinite(step_s):
-        raise ValueError(f"step_s={step_s} must be a positive number of seconds")
-    out: list[Recommendation] = []
-    ordered = sorted(compact)
-    for i, h in enumerate(ordered):
-        end = ordered[i + 1].time if i + 1 < len(ordered) else now
-        t = h.time
-        if t <= now - horizon_s:  # the first tick of its grid that decide() keeps (after now - horizon)
-            t += (math.floor((now - horizon_s - t) / step_s) + 1) * step_s
-        while t < end and t < now:
-            out.append(Recommendation(t, h.replicas, h.ready))
-            t += step_s
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -197,7 +171,8 @@ class Replicas:
 
 @dataclass(frozen=True)
 class ScalingInput:
-    """Everything one decision reads. ``now`` in seconds (any epoch, the same as in ``history``)."""
+    """Everything one decision reads. ``now`` in seconds (any epoch, the same as in ``history``);
+    ``saturation``: the last decision's (``Decision.saturation``), None after a restart."""
 
     now: float
     signals: ModelSignals
@@ -205,6 +180,7 @@ class ScalingInput:
     scaling: ScalingSpec
     replicas: Replicas
     history: tuple[Recommendation, ...] = ()
+    saturation: Saturation | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +195,10 @@ class Decision:
         message: the numbers behind the reason.
         history: votes within the stabilization (and signal) window, this tick's last; pass to the next call.
         apply: patch the scale subresource (mode Auto and a different count).
+        saturation: the saturation to remember (rule 7); pass to the next call with ``history``.
         metrics_available, saturated, sla_at_risk, low_concurrency: what the signals showed.
+        requests_failing: at least ``FAILURE_FRACTION`` of the window's requests failed (rules 4 and 6).
+        failure_rate_rps, failure_fraction: failed requests per second and their share of all requests.
         capacity_limited: the load wants more than can run (maxReplicas reached, or pods unschedulable).
         pending_replicas, pending_reason: unschedulable replicas and the scheduler's reason, for a condition.
     """
@@ -231,10 +210,14 @@ class Decision:
     message: str
     history: tuple[Recommendation, ...]
     apply: bool = False
+    saturation: Saturation | None = None
     metrics_available: bool = False
     saturated: bool = False
     sla_at_risk: bool = False
     low_concurrency: bool = False
+    requests_failing: bool = False
+    failure_rate_rps: float | None = None
+    failure_fraction: float | None = None
     capacity_limited: bool = False
     pending_replicas: int = 0
     pending_reason: str = ""
@@ -334,11 +317,39 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
         <= queue
         <= LOW_CONCURRENCY_DELAY_CEILING * delay_ms + LOW_CONCURRENCY_SLACK_MS
     )
+    failure_fraction = sig.failure_fraction if metrics_ok else None
+    requests_failing = failure_fraction is not None and failure_fraction >= FAILURE_FRACTION
+    memory = inp.saturation if inp.saturation and now - SATURATION_MEMORY_S < inp.saturation.time <= now else None
+    # fill from before a replica joined describes fewer replicas than ``ready``: not a load per replica
+    if (
+        (saturated or sla_at_risk)
+        and load
+        and ready > 0
+        and not any(h.ready < ready for h in history if h.time > now - sig.window_s)
+    ):
+        memory = Saturation(now, min(load / ready, memory.load_per_replica_rps if memory else math.inf))
+
+    def above(x: float) -> int:  # the smallest whole count n > x >= 0 (0 when x is 0)
+        return math.floor(min(x, MAX_RECOMMENDATION) + 1e-9) + 1 if x > 0 else 0
+
+    # the smallest count the scale-out rules accept at this load (rule 7)
+    accept = 0
+    if batching and fill is not None:  # samples beyond a batch's first grow with the load per replica
+        room, excess = fill_target * plan.max_batch_size - 1, max(fill * plan.max_batch_size - 1, 0.0)
+        accept = above(excess * ready / room if room > 0 else fill * ready / fill_target)
+    elif plan.max_batch_size <= 1 and load is not None and cap_ok:
+        accept = above(load / per_replica)
+    if backlog > 0 and budget is not None and cap_ok and math.isfinite(cap):
+        accept = max(accept, above(1000.0 * backlog / cap / (budget + delay_ms)))
+    if memory is not None and load and memory.load_per_replica_rps > 0:
+        accept = max(accept, above(load / ((1 - TOLERANCE) * memory.load_per_replica_rps)))
+    accept = min(accept, current)
     facts = (
         f"load {_fmt(load, ' rps')} on {ready} Ready of {current} replicas at {_fmt(cap if cap_ok else None, ' rps')}"
         f" each (target {u:.0%}: needs {needed:.2f}); fill {_fmt(fill)}, avg batch {_fmt(sig.avg_batch_size)},"
         f" queue {_fmt(queue, ' ms')} (delay {delay_ms:.3g} ms), p99 {_fmt(p99, ' ms')} vs T {_fmt(budget, ' ms')}"
         + (f"; backlog {backlog:.0f} requests, ~{_fmt(backlog_wait_ms, ' ms')} to serve" if backlog_risk else "")
+        + (f"; {sig.failure_rate_rps:.3g} failed req/s ({failure_fraction:.0%})" if failure_fraction else "")
     )
     in_stab = [h.replicas for h in history if h.time > now - window_s]
     pending_note = f"; {pending} Pending: {rep.pending_reason or 'unschedulable'}" if pending else ""
@@ -357,16 +368,21 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
             message=f"{message}{pending_note}",
             history=(*history, Recommendation(now, vote, ready)),
             apply=spec.mode == ScalingMode.AUTO and desired != current,
+            saturation=memory,
             metrics_available=metrics_ok,
             saturated=saturated,
             sla_at_risk=sla_at_risk,
             low_concurrency=low_concurrency,
+            requests_failing=requests_failing,
+            failure_rate_rps=sig.failure_rate_rps if metrics_ok else None,
+            failure_fraction=failure_fraction,
             capacity_limited=limited or pending > 0,
             pending_replicas=pending,
             pending_reason=rep.pending_reason if pending else "",
         )
 
     def auto() -> Decision:  # noqa: C901 (the ordered decision table)
+        """The rules in order; Long because it is the decision table (see decide)."""
         if current > hi:
             return out(hi, ScalingReason.ABOVE_MAX_REPLICAS, f"{current} replicas above maxReplicas {hi}")
         if current < lo:
@@ -398,6 +414,9 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
             if failing and not ready:
                 msg = f"{why}, but no replica is Ready: more of this config would fail the same way; {facts}"
                 return out(current, ScalingReason.HOLD_REPLICAS_FAILING, msg, target)
+            if requests_failing and not sig.request_rate_rps:
+                msg = f"{why}, but no request succeeds: more of this config would fail the same way; {facts}"
+                return out(current, ScalingReason.HOLD_REQUESTS_FAILING, msg, target)
             if pending:
                 return out(
                     current,
@@ -424,19 +443,27 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
             desired = min(target + failing, hi, 2 * current)
             reason = ScalingReason.SCALE_OUT_SATURATED if saturated else ScalingReason.SCALE_OUT_SLA_AT_RISK
             return out(desired, reason, f"{why}: {current} -> {desired}; {facts}", target, limited=target > hi)
+        if requests_failing:
+            msg = f"{failure_fraction:.0%} of requests fail: not idle, not scaling in on the successes; {facts}"
+            return out(current, ScalingReason.HOLD_REQUESTS_FAILING, msg, max(rec, current))
         if rec > current:
             msg = f"load would need {rec} but the running replicas are not saturated and keep the SLA; {facts}"
             return out(current, ScalingReason.HOLD_NOT_SATURATED, msg, rec)
 
-        vote = max(lo, min(hi, rec))
+        rate_vote = max(lo, min(hi, rec))
+        vote = max(rate_vote, accept)
         stabilized = max([vote, *in_stab])
         idle = sig.state == SignalState.IDLE
+        bound = f" (the rate alone fits {rate_vote}; fewer would be saturated)" if vote > rate_vote else ""
         if stabilized < current:
             reason = ScalingReason.SCALE_IN_IDLE if idle else ScalingReason.SCALE_IN_LOAD_FITS
-            return out(stabilized, reason, f"load fits: {current} -> {stabilized}; {facts}", vote)
+            return out(stabilized, reason, f"load fits: {current} -> {stabilized}{bound}; {facts}", vote)
         if vote < current:
             msg = f"load fits on {vote}, but the last {window_s:.0f} s recommended up to {stabilized}; {facts}"
             return out(current, ScalingReason.HOLD_STABILIZING, msg, vote)
+        if bound:
+            msg = f"the rate fits {rate_vote}, but fewer than {current} would be saturated; {facts}"
+            return out(current, ScalingReason.HOLD_SCALE_IN_WOULD_SATURATE, msg, vote)
         return out(
             current,
             ScalingReason.HOLD_IDLE if idle else ScalingReason.HOLD_WITHIN_TOLERANCE,

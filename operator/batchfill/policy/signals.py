@@ -15,8 +15,9 @@ from enum import StrEnum
 class SignalState(StrEnum):
     """What the window says about the load.
 
-    * ``Ok``: series present for the BatchedModel's Ready pods and traffic flowed.
-    * ``Idle``: series present, zero successful requests in the window (no traffic is a fact, not a gap).
+    * ``Ok``: series present for the BatchedModel's Ready pods and traffic flowed: requests succeeded, or failed
+      (a model whose every request fails is Ok with a request rate of 0 and a failure rate: it has traffic).
+    * ``Idle``: series present, no request succeeded or failed in the window (no traffic is a fact, not a gap).
     * ``Unknown``: no usable data (Prometheus down or timing out, no series for the Ready pods, NaN/Inf).
       The scaling policy holds on Unknown; it never treats missing data as zero load
       (docs/field-cases.md#missing-metrics).
@@ -49,6 +50,8 @@ class ModelSignals:
         queue_time_ms: Σ Δnv_inference_queue_duration_us / Σ Δnv_inference_request_success / 1000.
         p99_ms: server-side p99 request latency (largest over the pods), from Triton's summary.
         pending_requests: requests waiting in Triton's queues now (Σ nv_inference_pending_request_count).
+        failure_rate_rps: failed requests per second, all pods (Σ rate(nv_inference_request_failure): rejected
+            inputs, backend errors, cancellations); None when no counted pod has the counter.
     """
 
     state: SignalState
@@ -63,6 +66,7 @@ class ModelSignals:
     queue_time_ms: float | None = None
     p99_ms: float | None = None
     pending_requests: float | None = None
+    failure_rate_rps: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -74,10 +78,20 @@ class ModelSignals:
             "queue_time_ms",
             "p99_ms",
             "pending_requests",
+            "failure_rate_rps",
         ):
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise ValueError(f"ModelSignals.{name}={value!r} must be finite and >= 0")
+
+    @property
+    def failure_fraction(self) -> float | None:
+        """Failed requests / (failed + successful requests) in the window, in [0, 1]; None without a failure
+        rate or without any request."""
+        failed, succeeded = self.failure_rate_rps, self.request_rate_rps or 0.0
+        if failed is None or failed + succeeded <= 0:
+            return None
+        return failed / (failed + succeeded)
 
     @classmethod
     def unknown(cls, reason: str, message: str, window_s: float = 60.0) -> ModelSignals:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from batchfill.adapters.metrics import PrometheusSignals, SignalTarget
 from batchfill.policy.plan import plan_batching
-from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Replicas, ScalingInput, decide
+from batchfill.policy.scaling import Decision, PlanNumbers, Recommendation, Replicas, Saturation, ScalingInput, decide
 from batchfill.policy.signals import ModelSignals
 from batchfill.testbed.loadgen import grpc_fp32_input
 from batchfill.testbed.model_repo import write_model
@@ -252,6 +252,7 @@ class ScalingLab:
         cfg = self.config
         plan_numbers = PlanNumbers.from_status(self.plan)
         history: tuple[Recommendation, ...] = ()
+        saturation: Saturation | None = None
         k = 1
         end = self.schedule.duration_s
         while True:
@@ -269,8 +270,8 @@ class ScalingLab:
             sig: ModelSignals = (await asyncio.to_thread(signals.fetch, [target]))[target.key]
             fetch_s = time.monotonic() - t_fetch
             reps = Replicas(current=len(live), ready=len(ready), starting=len(live) - len(ready))
-            decision = self._decide(ScalingInput(now, sig, plan_numbers, cfg.scaling, reps, history))
-            history = decision.history
+            decision = self._decide(ScalingInput(now, sig, plan_numbers, cfg.scaling, reps, history, saturation))
+            history, saturation = decision.history, decision.saturation
             if decision.apply:
                 self._scale_to(decision.desired_replicas)
             sent = np.count_nonzero((self.arrivals > now - sig.window_s) & (self.arrivals <= now))
