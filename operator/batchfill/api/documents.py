@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+import yaml.reader
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
@@ -128,8 +129,9 @@ def parse_documents(text: str) -> list[Any]:
     size = len(text.encode("utf-8"))
     if size > MAX_DOCUMENT_BYTES:
         raise too_big(size)
-    loader = _BoundedLoader(text)
+    loader: _BoundedLoader | None = None
     try:
+        loader = _BoundedLoader(text)  # the pure-Python reader checks the characters here
         docs: list[Any] = []
         while loader.check_data():  # type: ignore[no-untyped-call]
             doc = loader.get_data()
@@ -142,11 +144,18 @@ def parse_documents(text: str) -> list[Any]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
-        problem = getattr(err, "problem", None) or str(err)
-        raise SpecError([Problem(where, f"YAML does not parse: {problem}")]) from None
+        if isinstance(err, yaml.reader.ReaderError):  # no mark: a character YAML forbids, at a position
+            where = f"character {err.position + 1}"
+            code = ord(err.character) if isinstance(err.character, str) else err.character  # libyaml: an int
+            problem: str = f"{err.reason} (#x{code:04x})" if isinstance(code, int) else str(err.reason)
+        else:
+            problem = getattr(err, "problem", None) or str(err)
+        one_line = " ".join(problem.split())  # PyYAML's own messages span lines; an error is one line
+        raise SpecError([Problem(where, f"YAML does not parse: {one_line}")]) from None
     except SpecError:
         raise
     except (ValueError, OverflowError) as err:  # int() of 5,000 digits, a date out of range, ...
         raise SpecError([Problem("(document)", f"YAML value cannot be read: {err}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
