@@ -84,7 +84,7 @@ def test_the_largest_spec_plans_to_a_small_status_and_config() -> None:
 def test_a_model_measured_at_thousands_of_batch_sizes_writes_a_small_status() -> None:
     """Triton reports one batch_stats entry per batch size it executed; a model with max_batch_size 4096 under
     steady load executes thousands of sizes. Every fitted point went into status twice (measuredProfile and
-    plannedProfile): 4,096 sizes were 480 KB of status."""
+    plannedProfile): 4,096 sizes were 500 KB of status."""
     spec = {
         "model": {"name": "big", "backend": "python"},
         "sla": {"latencyP99Ms": 60_000},
