@@ -6,7 +6,7 @@ The bounds hold while the file is parsed, not after: the composer counts every v
 parser, the constructor, validation or an error message walk more than :data:`MAX_EXPANDED_VALUES` values or
 recurse deeper than :data:`MAX_NESTING`. The events come from libyaml when PyYAML has it (its C parser is some
 ten times faster than the pure-Python one, which takes seconds over a 1 MiB file); the composer is PyYAML's own
-Python one in both cases, because libyaml's recursive C composer can neither be bounded nor stopped.
+Python one in both cases, because PyYAML's C composer has no hook to count values as it builds the graph.
 """
 
 from __future__ import annotations
