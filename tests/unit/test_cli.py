@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -242,3 +247,70 @@ def test_at_the_edge_with_batching_the_error_names_the_queue_delay_not_a_field_n
     assert "shortest queue delay (0.1 ms) does not fit" in err
     assert "spec.batching.maxBatchSize: 0" in err
     assert "preferredBatchSizes" not in err
+
+
+def _plan_subprocess(args: list[str], stdin: Any = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    """`batchfill plan ARGS` as a user runs it, under a 2 GiB address-space limit and a deadline, so a regression
+    fails instead of filling the machine's memory or hanging the suite (both are guards, not speed targets)."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "batchfill.cli", "plan", *args],
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=limit,
+    )
+
+
+def test_an_endless_file_or_stdin_is_read_only_up_to_the_bound() -> None:
+    """/dev/zero and an endless pipe were read whole into memory (MemoryError, exit 1) before the size check."""
+    r = _plan_subprocess(["/dev/zero"])
+    assert (r.returncode, r.stderr) == (
+        2,
+        "/dev/zero: (file): is more than 1,048,576 bytes, over the 1,048,576 bytes a file of BatchedModels may have\n",
+    )
+    with open("/dev/zero", "rb") as zero:
+        r = _plan_subprocess(["-"], stdin=zero)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("-: (file): is more than 1,048,576 bytes, over the"), r.stderr
+
+
+def test_a_file_over_the_bound_names_its_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "big.yaml"
+    f.write_bytes(b"#" * (3 << 20))
+    assert main(["plan", str(f)]) == 2
+    assert capsys.readouterr().err == (
+        f"{f}: (file): is 3,145,728 bytes, over the 1,048,576 bytes a file of BatchedModels may have\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (("---\n" + _alias_bomb(4) + "\n") * 3000, "(document): expands to more than 100,000 values (YAML aliases?)"),
+        ("[" + "1," * 400_000 + "1]", "(document): expands to more than 100,000 values (YAML aliases?)"),
+        ("--- {}\n" * 100_000, "(file): holds more than 100 YAML documents"),
+        ("spec: {sla: {latencyP99Ms: " + "9" * 5000 + "}}", "(document): YAML value cannot be read: Exceeds the limit"),
+        ("metadata: {name: 2001-13-45}\nspec: {}", "(document): YAML value cannot be read: month must be in 1..12"),
+        ("a: &a [1, *a]\nspec: *a", "(document): alias *a refers to a value that contains it"),
+        ("spec: \x07", "character 7: YAML does not parse: control characters are not allowed (#x0007)"),
+    ],
+    ids=["bomb-documents", "flat-list", "empty-documents", "big-integer", "bad-date", "recursive", "control-char"],
+)
+def test_files_that_were_slow_or_crashed_are_refused_with_one_line(tmp_path: Path, text: str, expected: str) -> None:
+    """3,000 small alias bombs, each under the bound alone, were parsed whole and each planned (6,000 lines); a
+    1 MiB list 13 s; a 5,000-digit number or a bad date ended in an internal error (exit 1)."""
+    f = tmp_path / "x.yaml"
+    f.write_text(text)
+    start = time.monotonic()
+    r = _plan_subprocess([str(f)])
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith(f"{f}: "), lines[0]
+    assert expected in lines[0], lines[0]
+    assert time.monotonic() - start < 30  # seconds, wall-clock: a hang guard on a shared machine

@@ -304,6 +304,11 @@ class ProfilePoint(_Model):
     )
 
 
+#: Most points a profile has, declared (spec.profile) or measured (status.measuredProfile and plannedProfile, where
+#: a model measured at thousands of batch sizes is thinned to this many: batchfill.policy.profile_fit).
+PROFILE_POINTS_MAX = 64
+
+
 class BatchingSpec(_Model):
     """Optional bounds and overrides of the derived plan. Overrides that break the SLA are rejected."""
 
@@ -534,7 +539,7 @@ class BatchedModelSpec(_Model):
     profile: list[ProfilePoint] | None = Field(
         default=None,
         min_length=1,
-        max_length=64,
+        max_length=PROFILE_POINTS_MAX,
         description=(
             "Execution latency per batch size, batch sizes strictly increasing (measure it with `batchfill "
             "profile`). Optional: without it the operator measures the profile (spec.profiling)."

@@ -59,18 +59,32 @@ def _importable(name: str) -> bool:
 
 
 def read_text(path: str) -> str:
-    """The file's text (``-``: standard input).
+    """The file's text (``-``: standard input), read only up to the size a file of BatchedModels may have (so
+    ``/dev/zero``, or a pipe that never ends, is refused at the bound instead of filling memory).
 
     Raises:
         OSError: the file cannot be read.
-        SpecError: bytes that are not UTF-8 (YAML is text).
+        SpecError: a file over batchfill.api.documents.MAX_DOCUMENT_BYTES, or bytes that are not UTF-8 (YAML is
+            text).
     """
+    import os
+    import stat
+
+    from batchfill.api.documents import MAX_DOCUMENT_BYTES, too_big
     from batchfill.api.errors import Problem, SpecError
 
+    if path == "-":
+        data = sys.stdin.buffer.read(MAX_DOCUMENT_BYTES + 1)
+        size = None
+    else:
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_DOCUMENT_BYTES + 1)
+            info = os.fstat(f.fileno())
+            size = info.st_size if stat.S_ISREG(info.st_mode) else None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise too_big(size if size is not None and size > MAX_DOCUMENT_BYTES else None)
     try:
-        if path == "-":
-            return sys.stdin.buffer.read().decode("utf-8")
-        return Path(path).read_bytes().decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError([Problem("(file)", f"is not UTF-8 text (byte {e.start}): not a YAML document")]) from None
 

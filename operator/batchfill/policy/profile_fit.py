@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batchfill.api.reasons import ReplanReason
-from batchfill.api.spec import ProfilePoint
+from batchfill.api.spec import PROFILE_POINTS_MAX, ProfilePoint
 from batchfill.policy.profile import LatencyProfile
 
 
@@ -58,6 +58,8 @@ def fit_profile(totals: Sequence[BatchTotals], *, min_executions: int, up_to: in
         up_to: the largest batch size the plan may use; when above every measured size and at least two sizes
             were measured, a point at ``up_to`` is added from the line fitted by least squares weighted by
             executions (slope clipped at 0), never below the largest measured mean.
+
+    At most :data:`~batchfill.api.spec.PROFILE_POINTS_MAX` points (the line is fitted through all of them first).
     """
     merged: dict[int, tuple[int, int]] = {}
     for t in totals:
@@ -70,8 +72,16 @@ def fit_profile(totals: Sequence[BatchTotals], *, min_executions: int, up_to: in
     if up_to is not None and len(points) >= 2 and up_to > points[-1].batch_size:
         alpha, beta = _weighted_line(points)
         value = max(alpha + beta * up_to, points[-1].latency_ms)
-        points.append(FittedPoint(up_to, value, 0, extrapolated=True))
-    return points
+        return [*_thin(points, PROFILE_POINTS_MAX - 1), FittedPoint(up_to, value, 0, extrapolated=True)]
+    return _thin(points, PROFILE_POINTS_MAX)
+
+
+def _thin(points: list[FittedPoint], most: int) -> list[FittedPoint]:
+    """At most ``most`` (>= 2) of ``points``, evenly spaced by rank, the smallest and the largest size kept: a model
+    measured at thousands of batch sizes would put hundreds of KiB into status (twice: measured and planned)."""
+    if len(points) <= most:
+        return points
+    return [points[round(i * (len(points) - 1) / (most - 1))] for i in range(most)]
 
 
 def _weighted_line(points: Sequence[FittedPoint]) -> tuple[float, float]:
