@@ -288,11 +288,9 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
         *rollback_events(status, deployment, desired),
         *([("Warning", EventReason.ROLLING_IN_PLACE, in_place)] if in_place else []),
     )
-
     extra = [*scaling_conditions(decision, signals), *requests_failing_conditions(decision, status.get("conditions"))]
-    wanted = desired_status(
-        inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing, sla_risk=sla_risk(decision)
-    )
+    risk = sla_risk(decision)
+    wanted = desired_status(inputs.body, desired, deployment, now=now, extra=extra, failing=pods.failing, sla_risk=risk)
     wanted["desiredReplicas"] = decision.desired_replicas
     wanted["appliedReplicas"] = target if auto else None
     wanted["lastScaleReason"] = decision.reason
