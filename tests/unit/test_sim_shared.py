@@ -159,6 +159,9 @@ def test_poisson_arrivals_are_seeded_and_independent_per_model() -> None:
     assert np.array_equal(one[1], more[1]), "adding a model changes no other"
     assert abs(len(one[0]) - 1000) < 4 * math.sqrt(1000)
     assert all((np.diff(x) >= 0).all() and (x < 10_000).all() for x in one)
+    slow, fast = poisson_arrivals([10.0], 10.0, 5)[0], poisson_arrivals([20.0], 10.0, 5)[0]
+    assert np.allclose(fast[: len(slow)], slow / 2, rtol=1e-12), "common random numbers: twice the rate, half the gaps"
+    assert len(fast) > len(slow)
     assert len(poisson_arrivals([0.0], 10.0, 1)[0]) == 0
     with pytest.raises(ValueError, match="rate"):
         poisson_arrivals([-1.0], 1.0, 0)
