@@ -8,16 +8,17 @@ Input: BatchedModel specs with their request rates, and the GPU memory. Steps:
 2. a model whose load fills GPUs gets ``n_m = floor(λ_m / (u_m C_m))`` dedicated GPUs, each carrying ``C_m``;
    the residual ``λ_m / u_m - n_m C_m`` (and every model with ``n_m = 0``, even at rate 0: it must be loaded
    somewhere) is packed onto shared GPUs;
-3. packing is first-fit decreasing by load (residual / ``C_m``; ties by name): a model joins the first GPU whose
-   memory holds it (Σ model memory + the server's overhead <= the GPU's memory) and whose models, with it, pass
-   :func:`batchfill.policy.packing.quick_check` (a short simulation of the shared GPU); a GPU that refuses a model
-   of load x is not offered models of load ``>=`` :data:`ROOM_SHRINK` x x again. Then every shared GPU is
-   confirmed by a longer simulation (:func:`batchfill.policy.packing.check_gpu`) and, while some model misses its
-   target, the most loaded model leaves it and is packed again elsewhere (never back onto a GPU it left). A model
-   alone whose residual fails the check takes one more dedicated GPU instead (each then carries less than ``C_m``);
+3. packing (:func:`batchfill.policy.binpack.pack`) is first-fit decreasing by load (residual / ``C_m``): a model
+   joins the first GPU whose memory holds it (Σ model memory + the server's overhead <= the GPU's memory) and
+   whose models, with it, pass a short simulation of the shared GPU; every GPU is then confirmed by a longer one,
+   and loses its most loaded model while some model misses its target. A model alone whose residual fails the
+   check takes one more dedicated GPU instead (each then carries less than ``C_m``);
 4. hysteresis: with a current placement, its shared GPUs are kept (re-checked at the new rates, models evicted only
-   when their GPU fails) and only the models without a place are packed; a plan from scratch replaces it only when
-   it saves at least ``max(1, ceil(min_saving_fraction x GPUs))`` GPUs (:data:`REPACK_MIN_SAVING_FRACTION`).
+   when their GPU fails) and only the models without a place are packed. A plan from scratch replaces it only when,
+   made for rates :data:`REPACK_RATE_MARGIN` (10 %) higher, it still saves ``max(1, ceil(0.1 x GPUs))`` GPUs
+   (:data:`REPACK_MIN_SAVING_FRACTION`); its GPUs then take the ids of the current GPUs they share most models with,
+   and are filled at the actual rates. So GPUs merge only when the merged GPU holds 10 % more load, and a merged
+   GPU splits only when its own rates rose past what it holds: rate noise within that band moves nothing.
 
 Each model's configuration on a shared GPU is its own plan's (work-conserving batching: every batch size preferred,
 the minimum queue delay), so its batches grow with the time it waits for the GPU; the simulator decides whether
@@ -30,10 +31,10 @@ each server also holds :data:`DEFAULT_SERVER_OVERHEAD_MIB` (CUDA context and Tri
 
 Deterministic (fixed seeds, sorted orders). Work: M single-model plans (about 1 s each; cached by the fields they
 depend on, so a fleet with few distinct profiles plans few, and ``solo_plans`` skips them), then first fit over G
-shared GPUs: O(M·G) screens and, with :data:`ROOM_SHRINK`, O(M + G) quick simulations in practice, plus one
+shared GPUs: O(M·G) screens and, with :data:`batchfill.policy.binpack.ROOM_SHRINK`, O(M + G) quick simulations, plus one
 confirming simulation per GPU and per eviction; each simulation is O(requests) (6,000 quick, 20,000 confirming).
-Measured on this 2-core machine under load: 50 models 3 s, 200 models 10 s (about 300 quick and 70 confirming
-simulations).
+Measured on this shared 2-core machine (one profile, Zipf popularity, no current placement): 50 models 2-3 s,
+200 models 5-10 s (about 300 quick and 70 confirming simulations); a current placement adds two more packings.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from dataclasses import dataclass, field, replace
 
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import BatchedModelSpec
-from batchfill.policy.packing import Tenant, check_gpu, duty_cycle_fits, quick_check
+from batchfill.policy.binpack import Bin, kept_bins, matched_ids, pack
+from batchfill.policy.packing import Tenant, duty_cycle_fits
 from batchfill.policy.plan import Candidate, PlanResult, plan_batching
 from batchfill.policy.profile import LatencyProfile
 
@@ -54,12 +56,11 @@ DEFAULT_MODEL_MEMORY_MIB = 2048.0
 #: GPU memory each Triton server holds besides its models, MiB: the CUDA context (about 300-500 MiB) and Triton's
 #: default CUDA memory pool (--cuda-memory-pool-byte-size, 64 MiB).
 DEFAULT_SERVER_OVERHEAD_MIB = 512.0
-#: A plan from scratch replaces the current placement only when it saves this fraction of its GPUs (at least 1).
+#: A plan from scratch replaces the current placement only when, planned for rates this much higher, it still saves
+#: :data:`REPACK_MIN_SAVING_FRACTION` of the GPUs (at least one): the band between merging GPUs (rates fell) and
+#: splitting them again (rates rose past what the merged GPU holds) is at least this wide.
+REPACK_RATE_MARGIN = 0.1
 REPACK_MIN_SAVING_FRACTION = 0.1
-#: After the quick check refuses a model of load x, a GPU is assumed to have room for less than this x (and is not
-#: offered models of that load or more until it changes): first fit then simulates each GPU a few times instead
-#: of once per smaller model (200 models: 4,000 quick checks without it, 300 with it, 1 % more GPUs).
-ROOM_SHRINK = 0.85
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,15 @@ class _Model:
     def capacity(self) -> float:
         return self.plan.chosen.capacity_rps
 
+    @property
+    def needs_shared(self) -> bool:
+        """It has a residual, or no dedicated GPU (every model is loaded somewhere, even at rate 0)."""
+        return self.residual > 0 or self.dedicated == 0
+
+    def scaled(self, factor: float) -> _Model:
+        """The same model at ``factor`` x its design rate (split again into dedicated GPUs and a residual)."""
+        return _split(self.demand, self.plan, self.table, self.design_rate * factor)
+
     def tenant(self) -> Tenant:
         return Tenant(
             name=self.demand.name,
@@ -266,130 +276,40 @@ def _models(
             plan = cache[key]
         assert d.spec.profile is not None  # plan_batching raised otherwise
         table = tuple(LatencyProfile.from_points(d.spec.profile).table(plan.chosen.batcher.batch_cap))
-        design = d.rate_rps / d.spec.scaling.targetUtilization
-        c = plan.chosen.capacity_rps
-        n = math.floor(design / c + 1e-9)
-        residual = max(0.0, design - n * c)
-        if residual <= 1e-9 * c:
-            residual = 0.0
-        out.append(_Model(d, plan, table, design, n, residual))
+        out.append(_split(d, plan, table, d.rate_rps / d.spec.scaling.targetUtilization))
     return out
 
 
-def _needs_shared(m: _Model) -> bool:
-    return m.residual > 0 or m.dedicated == 0
+def _split(demand: ModelDemand, plan: PlanResult, table: tuple[float, ...], design: float) -> _Model:
+    """``floor(design / C)`` dedicated GPUs and the residual rate (req/s; 0 within rounding of a multiple of C)."""
+    c = plan.chosen.capacity_rps
+    n = math.floor(design / c + 1e-9)
+    residual = max(0.0, design - n * c)
+    return _Model(demand, plan, table, design, n, 0.0 if residual <= 1e-9 * c else residual)
 
 
-@dataclass
-class _Gpu:
-    gpu_id: int
-    tenants: list[Tenant]
-    left: set[str] = field(default_factory=set)  # models evicted from it, never packed back
-    p99: tuple[float, ...] | None = None
-    room: float = 1.0  # upper bound on the load it can still take (see _first_fit)
-
-    def memory(self, overhead: float) -> float:
-        return overhead + sum(t.memory_mib for t in self.tenants)
-
-
-def _first_fit(
-    items: list[Tenant], gpus: list[_Gpu], gpu_memory: float, overhead: float, next_id: int, seed: int
-) -> tuple[list[_Gpu], int]:
-    """First-fit decreasing by load (ties by name) into ``gpus``, opening GPUs as needed."""
-    for t in sorted(items, key=lambda t: (-t.load, t.name)):
-        for g in gpus:
-            if t.load >= g.room or t.name in g.left or g.memory(overhead) + t.memory_mib > gpu_memory:
-                continue
-            if quick_check([*g.tenants, t], seed + g.gpu_id):
-                g.tenants.append(t)
-                g.p99 = None
-                g.room -= t.load
-                break
-            g.room = min(g.room, t.load * ROOM_SHRINK)
-        else:
-            gpus.append(_Gpu(next_id, [t], room=1.0 - t.load))
-            next_id += 1
-    return gpus, next_id
-
-
-def _pack(
-    models: dict[str, _Model],
-    kept: list[_Gpu],
-    gpu_memory: float,
-    overhead: float,
-    seed: int,
-) -> list[_Gpu]:
-    """Pack every model that needs a shared GPU into ``kept`` (already holding some of them) and new GPUs, then
-    simulate each GPU and evict until every one passes (module docstring, step 3). Mutates ``models``' split when
-    a model alone fails its residual (it takes one more dedicated GPU)."""
-    placed = {t.name for g in kept for t in g.tenants}
-    items = [m.tenant() for name, m in sorted(models.items()) if _needs_shared(m) and name not in placed]
-    next_id = max((g.gpu_id for g in kept), default=-1) + 1
-    gpus, next_id = _first_fit(items, kept, gpu_memory, overhead, next_id, seed)
-    while True:
-        evicted: list[Tenant] = []
-        for g in gpus:
-            while g.tenants and g.p99 is None:
-                check = check_gpu(g.tenants, seed + g.gpu_id)
-                if check.ok:
-                    g.p99 = check.p99_ms
-                elif len(g.tenants) == 1:
-                    m = models[g.tenants[0].name]
-                    m.dedicated, m.residual = m.dedicated + 1, 0.0
-                    g.tenants.clear()  # the model's whole rate goes to its dedicated GPUs, each under C
-                else:
-                    worst = max(g.tenants, key=lambda t: (t.load, t.name))
-                    g.tenants.remove(worst)
-                    g.left.add(worst.name)
-                    evicted.append(worst)
-        gpus = [g for g in gpus if g.tenants]
-        if not evicted:
-            return gpus
-        gpus, next_id = _first_fit(evicted, gpus, gpu_memory, overhead, next_id, seed)
-
-
-def _kept_gpus(current: Placement, models: dict[str, _Model], gpu_memory: float, overhead: float) -> list[_Gpu]:
-    """The current shared GPUs with the models that still need one, at their new rates; a GPU over memory loses its
-    largest models until it fits."""
-    kept: list[_Gpu] = []
-    for s in current.shared:
-        tenants = [models[n].tenant() for n in s.tenants if n in models and _needs_shared(models[n])]
-        g = _Gpu(s.gpu_id, tenants)
-        while g.memory(overhead) > gpu_memory:
-            g.tenants.remove(max(g.tenants, key=lambda t: (t.memory_mib, t.name)))
-        g.room = 1.0 - sum(t.load for t in g.tenants)
-        if g.tenants:
-            kept.append(g)
-    return kept
-
-
-def _matched(gpus: list[_Gpu], current: Placement) -> list[_Gpu]:
-    """Fresh GPUs renamed to the current ``gpu_id`` they share most models with (greedy, largest overlap first),
-    so that moves count models that really change GPU; the rest get new ids."""
-    before = {s.gpu_id: set(s.tenants) for s in current.shared}
-    pairs = sorted(
-        ((len(before[c] & {t.name for t in g.tenants}), -c, -i) for i, g in enumerate(gpus) for c in before),
-        reverse=True,
+def _packed(
+    models: dict[str, _Model], groups: list[tuple[int, list[str]]], gpu_mib: float, overhead: float, seed: int
+) -> list[Bin]:
+    """Every model that needs a shared GPU packed, the GPUs of ``groups`` (``(gpu_id, model names)``) kept first.
+    A model that fails alone takes one more dedicated GPU instead (``models`` is updated)."""
+    kept = kept_bins(
+        [(g, [models[n].tenant() for n in names if n in models and models[n].needs_shared]) for g, names in groups],
+        gpu_mib,
+        overhead,
     )
-    ids: dict[int, int] = {}
-    taken: set[int] = set()
-    for overlap, neg_c, neg_i in pairs:
-        if overlap and -neg_i not in ids and -neg_c not in taken:
-            ids[-neg_i] = -neg_c
-            taken.add(-neg_c)
-    fresh_id = max([*before, -1]) + 1
-    for i, g in enumerate(gpus):
-        if i in ids:
-            g.gpu_id = ids[i]
-        else:
-            g.gpu_id = fresh_id
-            fresh_id += 1
-    return gpus
+    placed = {t.name for b in kept for t in b.tenants}
+    items = [m.tenant() for n, m in sorted(models.items()) if m.needs_shared and n not in placed]
+    bins, alone = pack(items, kept, gpu_mib, overhead, seed)
+    for t in alone:
+        m = models[t.name]
+        m.dedicated, m.residual = m.dedicated + 1, 0.0  # its whole rate on dedicated GPUs, each under C
+    return bins
 
 
 def _result(
     models: dict[str, _Model],
-    gpus: list[_Gpu],
+    gpus: list[Bin],
     gpu_memory: float,
     overhead: float,
     current: Placement | None,
@@ -398,7 +318,7 @@ def _result(
     where: dict[str, tuple[int | None, float, float]] = {}
     shared: list[SharedGpu] = []
     for g in sorted(gpus, key=lambda g: g.gpu_id):
-        p99 = g.p99 or tuple(0.0 for _ in g.tenants)
+        p99 = g.p99_ms or tuple(0.0 for _ in g.tenants)
         for t, p in zip(g.tenants, p99, strict=True):
             where[t.name] = (g.gpu_id, t.rate_rps, p)
         shared.append(
@@ -408,7 +328,7 @@ def _result(
                 rates_rps=tuple(t.rate_rps for t in g.tenants),
                 p99_ms=p99,
                 duty_cycle_ms=duty_cycle_fits(g.tenants)[1],
-                memory_mib=g.memory(overhead),
+                memory_mib=g.memory_mib(overhead),
             )
         )
     placed: list[ModelPlacement] = []
@@ -462,8 +382,8 @@ def plan_placement(
     Args:
         demands: the models, their rates and memory figures (names unique).
         gpu_memory_mib: memory of one GPU, MiB.
-        current: the placement in force; kept unless a plan from scratch saves at least
-            ``max(1, ceil(min_saving_fraction x its GPUs))`` GPUs.
+        current: the placement in force; kept unless a plan from scratch for rates :data:`REPACK_RATE_MARGIN`
+            higher saves at least ``max(1, ceil(min_saving_fraction x its GPUs))`` GPUs.
         seed: seed of every simulation (the plan is deterministic for a given seed).
         solo_plans: each model's own plan when already known (e.g. ``status.plan``), by name; planned otherwise.
         server_overhead_mib: GPU memory each Triton server holds besides its models, MiB.
@@ -480,21 +400,24 @@ def plan_placement(
             f"gpu_memory_mib={gpu_memory_mib:g} leaves no room beside the server's {server_overhead_mib:g} MiB"
         )
     base = {m.demand.name: m for m in _models(demands, seed, solo_plans, usable)}
-    fresh_models = {n: replace(m) for n, m in base.items()}
-    fresh = _pack(fresh_models, [], gpu_memory_mib, server_overhead_mib, seed)
+    fresh = {n: replace(m) for n, m in base.items()}
+    fresh_bins = _packed(fresh, [], gpu_memory_mib, server_overhead_mib, seed)
     if current is None:
-        return _result(fresh_models, fresh, gpu_memory_mib, server_overhead_mib, None, False)
-    kept_models = {n: replace(m) for n, m in base.items()}
-    kept = _pack(
-        kept_models,
-        _kept_gpus(current, kept_models, gpu_memory_mib, server_overhead_mib),
-        gpu_memory_mib,
-        server_overhead_mib,
-        seed,
-    )
-    kept_plan = _result(kept_models, kept, gpu_memory_mib, server_overhead_mib, current, True)
-    saving = max(1, math.ceil(min_saving_fraction * kept_plan.gpus))
-    fresh_gpus = len(fresh) + sum(m.dedicated for m in fresh_models.values())
-    if fresh_gpus <= kept_plan.gpus - saving:
-        return _result(fresh_models, _matched(fresh, current), gpu_memory_mib, server_overhead_mib, current, False)
-    return kept_plan
+        return _result(fresh, fresh_bins, gpu_memory_mib, server_overhead_mib, None, False)
+    kept = {n: replace(m) for n, m in base.items()}
+    groups = [(s.gpu_id, list(s.tenants)) for s in current.shared]
+    kept_plan = _result(
+        kept, _packed(kept, groups, gpu_memory_mib, server_overhead_mib, seed), gpu_memory_mib, server_overhead_mib,
+        current, True,
+    )  # fmt: skip
+    # the plan from scratch, for rates REPACK_RATE_MARGIN higher: adopted only if it still saves enough
+    high = {n: m.scaled(1 + REPACK_RATE_MARGIN) for n, m in base.items()}
+    high_bins = _packed(high, [], gpu_memory_mib, server_overhead_mib, seed)
+    high_gpus = len(high_bins) + sum(m.dedicated for m in high.values())
+    if high_gpus > kept_plan.gpus - max(1, math.ceil(min_saving_fraction * kept_plan.gpus)):
+        return kept_plan
+    names = [[t.name for t in b.tenants] for b in high_bins]
+    ids = matched_ids(names, {s.gpu_id: set(s.tenants) for s in current.shared})
+    moved = {n: replace(m) for n, m in base.items()}
+    bins = _packed(moved, list(zip(ids, names, strict=True)), gpu_memory_mib, server_overhead_mib, seed)
+    return _result(moved, bins, gpu_memory_mib, server_overhead_mib, current, False)
