@@ -18,8 +18,9 @@ serves the models of a GPU round robin once per *duty cycle* ``d``: model ``k`` 
 
 :func:`duty_cycle_fits` computes it and the plan reports ``d`` per GPU, but it does not decide. Measured on 50
 models with the seed example's profile (examples/seed-example.yaml; Zipf popularity, 2,000 req/s in all, design
-rates λ / 0.85), first fit screened by this rule used 35 GPUs, and 18 of the 27 multi-model GPUs it admitted failed
-the confirming simulation; screened by :func:`quick_check` it used 26, none failing. The rule assumes a scheduler
+rates λ / 0.85), first fit screened by this rule used 33 GPUs, and the confirming simulation rejected 15 of the 25
+multi-model GPUs it admitted (re-checks after evictions included); screened by :func:`quick_check` it used 25, none
+rejected. The rule assumes a scheduler
 that runs one batch per model per cycle at average rates; Triton's batchers race for the GPU, a model's batch grows
 with its wait, and Poisson bursts, not averages, set the p99.
 

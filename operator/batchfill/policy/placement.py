@@ -400,9 +400,9 @@ def plan_placement(
             f"gpu_memory_mib={gpu_memory_mib:g} leaves no room beside the server's {server_overhead_mib:g} MiB"
         )
     base = {m.demand.name: m for m in _models(demands, seed, solo_plans, usable)}
-    fresh = {n: replace(m) for n, m in base.items()}
-    fresh_bins = _packed(fresh, [], gpu_memory_mib, server_overhead_mib, seed)
     if current is None:
+        fresh = {n: replace(m) for n, m in base.items()}
+        fresh_bins = _packed(fresh, [], gpu_memory_mib, server_overhead_mib, seed)
         return _result(fresh, fresh_bins, gpu_memory_mib, server_overhead_mib, None, False)
     kept = {n: replace(m) for n, m in base.items()}
     groups = [(s.gpu_id, list(s.tenants)) for s in current.shared]
