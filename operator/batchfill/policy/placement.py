@@ -238,45 +238,60 @@ def _models(
 
     Raises:
         ValueError: duplicate names.
-        SpecError: a bad rate, a memory figure that exceeds the GPU, a multi-GPU replica, or the model's own plan.
+        SpecError: a bad rate, a memory figure that exceeds the GPU, a multi-GPU replica, or the model's own plan
+            (every problem of every model, each path prefixed with the model's name).
     """
-    cache: dict[str, PlanResult] = {}
+    cache: dict[str, PlanResult | SpecError] = {}
     out: list[_Model] = []
-    seen: set[str] = set()
     problems: list[Problem] = []
+    if len({d.name for d in demands}) < len(demands):
+        raise ValueError(f"model names must be unique, got {sorted(d.name for d in demands)}")
     for d in demands:
-        if d.name in seen:
-            raise ValueError(f"model {d.name!r} appears twice")
-        seen.add(d.name)
-        if not (math.isfinite(d.rate_rps) and d.rate_rps >= 0):
-            problems.append(Problem(f"{d.name}: rate", f"={d.rate_rps!r} must be a finite number >= 0 (req/s)"))
-        if not (d.memory_mib > 0 and d.memory_mib <= usable_mib):
-            problems.append(
-                Problem(
-                    f"{d.name}: memory",
-                    f"={d.memory_mib:g} MiB must be > 0 and fit the GPU's {usable_mib:g} MiB left beside the server",
-                )
-            )
-        if d.spec.triton.gpusPerReplica > 1:
-            problems.append(
-                Problem(
-                    f"{d.name}: spec.triton.gpusPerReplica",
-                    f"={d.spec.triton.gpusPerReplica}: models of several GPUs per replica are not packed yet",
-                )
-            )
-    if problems:
-        raise SpecError(problems)
-    for d in demands:
+        bad = _demand_problems(d, usable_mib)
+        if bad:
+            problems += bad
+            continue
+        plan: PlanResult | SpecError
         if solo is not None and d.name in solo:
             plan = solo[d.name]
         else:
             key = _plan_key(d.spec)
             if key not in cache:
-                cache[key] = plan_batching(d.spec, seed=seed)
+                try:
+                    cache[key] = plan_batching(d.spec, seed=seed)
+                except SpecError as e:
+                    cache[key] = e
             plan = cache[key]
+        if isinstance(plan, SpecError):
+            problems += [Problem(f"{d.name}: {q.path}", q.message) for q in plan.problems]
+            continue
         assert d.spec.profile is not None  # plan_batching raised otherwise
         table = tuple(LatencyProfile.from_points(d.spec.profile).table(plan.chosen.batcher.batch_cap))
         out.append(_split(d, plan, table, d.rate_rps / d.spec.scaling.targetUtilization))
+    if problems:
+        raise SpecError(problems)
+    return out
+
+
+def _demand_problems(d: ModelDemand, usable_mib: float) -> list[Problem]:
+    """What is wrong with a demand before planning: its rate, its memory figure, a replica of several GPUs."""
+    out: list[Problem] = []
+    if not (math.isfinite(d.rate_rps) and d.rate_rps >= 0):
+        out.append(Problem(f"{d.name}: rate", f"={d.rate_rps!r} must be a finite number >= 0 (req/s)"))
+    if not 0 < d.memory_mib <= usable_mib:
+        out.append(
+            Problem(
+                f"{d.name}: memory",
+                f"={d.memory_mib:g} MiB must be > 0 and fit the GPU's {usable_mib:g} MiB left beside the server",
+            )
+        )
+    if d.spec.triton.gpusPerReplica > 1:
+        out.append(
+            Problem(
+                f"{d.name}: spec.triton.gpusPerReplica",
+                f"={d.spec.triton.gpusPerReplica}: models of several GPUs per replica are not packed yet",
+            )
+        )
     return out
 
 
@@ -391,8 +406,8 @@ def plan_placement(
 
     Raises:
         ValueError: duplicate names, or a GPU memory that does not exceed the server overhead.
-        SpecError: a bad rate or memory figure, a model of several GPUs per replica, a spec without a profile.
-        InfeasibleSLAError: a model that cannot meet its SLA even alone.
+        SpecError: a bad rate or memory figure, a model of several GPUs per replica, a spec without a profile, a
+            model that cannot meet its SLA even alone: every problem of every model, each prefixed with its name.
     """
     usable = gpu_memory_mib - server_overhead_mib
     if not usable > 0:
