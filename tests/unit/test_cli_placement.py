@@ -107,3 +107,15 @@ def test_a_folder_without_rates_plans_each_document(tmp_path: Path, capsys: pyte
         (tmp_path / f"{n}.yml").write_text(yaml.safe_dump(named(n)))
     assert main(["plan", str(tmp_path), "-o", "json"]) == 0
     assert [o["name"] for o in json.loads(capsys.readouterr().out)] == ["a", "b"]
+
+
+def test_a_folder_of_too_many_files_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import batchfill.cli.placement as placement
+
+    monkeypatch.setattr(placement, "MAX_FOLDER_FILES", 2)
+    for n in ("a", "b", "c"):
+        (tmp_path / f"{n}.yaml").write_text(yaml.safe_dump(named(n)))
+    assert main(["plan", str(tmp_path)]) == 2
+    assert "holds 3 model files, over the 2 a folder may" in capsys.readouterr().err

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-memory-mib",
         type=float,
         default=16_384.0,
-        help="with --rate/--rates: memory of one GPU, MiB (default 16384, a T4)",
+        help="with --rate/--rates: memory of one GPU, MiB (default 16384, a 16 GiB inference GPU such as a T4)",
     )
     p.add_argument(
         "--memory",

@@ -24,8 +24,8 @@ from batchfill.api.validate import load_model
 from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, read_text
 from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB, ModelDemand, Placement, plan_placement
 
-#: GPU memory assumed without --gpu-memory-mib, MiB: a 16 GiB inference GPU (NVIDIA T4).
-DEFAULT_GPU_MEMORY_MIB = 16_384.0
+#: Most model files a folder may hold (each file is bounded by api/documents.py; this bounds their number).
+MAX_FOLDER_FILES = 2_000
 
 
 def fleet_documents(path: str) -> list[tuple[str, Any]]:
@@ -33,10 +33,15 @@ def fleet_documents(path: str) -> list[tuple[str, Any]]:
     name order; the label names the file (and the document's position when a file holds several).
 
     Raises:
-        OSError: unreadable file or folder. SpecError: YAML that does not parse (the file is named).
+        OSError: unreadable file or folder.
+        SpecError: YAML that does not parse (the file is named); a folder of more than :data:`MAX_FOLDER_FILES`.
     """
     folder = path != "-" and Path(path).is_dir()
     files = sorted(str(f) for f in Path(path).iterdir() if f.suffix in (".yaml", ".yml")) if folder else [path]
+    if len(files) > MAX_FOLDER_FILES:
+        raise SpecError(
+            [Problem(path, f"holds {len(files):,} model files, over the {MAX_FOLDER_FILES:,} a folder may")]
+        )
     out: list[tuple[str, Any]] = []
     for label in files:
         try:
