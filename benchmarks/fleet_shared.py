@@ -248,9 +248,10 @@ WHY = [
     "too. In the "
     "operator the dedicated replicas follow the rate every 15 s (policy/scaling.py), which this period-by-period "
     "replay does not model.",
-    "- **Moves.** Most moves come from a handful of re-packs a day (tens of models each, when a plan for 10 % "
-    "more load saves at least 10 % of the GPUs); the rest are single models leaving a GPU that failed its check "
-    "at higher rates. A re-pack that bounds the models it moves is not done yet.",
+    "- **Moves.** Most moves come from a few re-packs a day from scratch (tens of models each), made when a plan "
+    "for 10 % more load saves at least 10 % of the GPUs and emptying whole GPUs into the others "
+    "(policy/binpack.py, which moves only their models) does not; the rest are single models leaving a GPU that "
+    "failed its check at higher rates. A re-pack from scratch that bounds the models it moves is not done yet.",
 ]
 
 

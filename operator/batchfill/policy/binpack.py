@@ -112,6 +112,44 @@ def pack(
         bins = first_fit(evicted, bins, gpu_memory_mib, overhead_mib, seed)
 
 
+def dissolve(bins: list[Bin], gpu_memory_mib: float, overhead_mib: float, seed: int) -> list[Bin]:
+    """Empty whole GPUs into the others, least loaded first: a GPU goes when each of its models joins another GPU
+    (first fit by decreasing load, memory and :func:`~batchfill.policy.packing.quick_check`) and every GPU that
+    took one passes the confirming check; otherwise nothing changes. Only the models of an emptied GPU move, so a
+    re-plan that saves GPUs this way moves few models. ``bins`` must be confirmed; returns the GPUs left (confirmed).
+    O(G x K) quick checks for G GPUs of at most K models."""
+    for victim in sorted(bins, key=lambda b: (sum(t.load for t in b.tenants), b.gpu_id)):
+        others = [b for b in bins if b is not victim]
+        if not others:
+            break
+        trial = {b.gpu_id: list(b.tenants) for b in others}
+        placed = True
+        for t in sorted(victim.tenants, key=lambda t: (-t.load, t.name)):
+            for b in others:
+                tenants = trial[b.gpu_id]
+                if t.name in b.left or sum(x.load for x in tenants) + t.load > 1.0:
+                    continue
+                if overhead_mib + sum(x.memory_mib for x in tenants) + t.memory_mib > gpu_memory_mib:
+                    continue
+                if quick_check([*tenants, t], seed + b.gpu_id):
+                    tenants.append(t)
+                    break
+            else:
+                placed = False
+                break
+        if not placed:
+            continue
+        changed = [b for b in others if len(trial[b.gpu_id]) != len(b.tenants)]
+        checks = {b.gpu_id: check_gpu(trial[b.gpu_id], seed + b.gpu_id) for b in changed}
+        if all(c.ok for c in checks.values()):
+            for b in changed:
+                b.tenants, b.p99_ms = trial[b.gpu_id], checks[b.gpu_id].p99_ms
+                b.room = 1.0 - sum(t.load for t in b.tenants)
+                b.kind_room = {}
+            bins = others
+    return bins
+
+
 def kept_bins(groups: Sequence[tuple[int, Sequence[Tenant]]], gpu_memory_mib: float, overhead_mib: float) -> list[Bin]:
     """GPUs that keep their models (``(gpu_id, tenants)``, to be confirmed by :func:`pack`); one over memory loses
     its largest models (ties by name) until it fits; empty ones are dropped."""

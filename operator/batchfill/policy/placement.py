@@ -14,11 +14,13 @@ Input: BatchedModel specs with their request rates, and the GPU memory. Steps:
    and loses its most loaded model while some model misses its target. A model alone whose residual fails the
    check takes one more dedicated GPU instead (each then carries less than ``C_m``);
 4. hysteresis: with a current placement, its shared GPUs are kept (re-checked at the new rates, models evicted only
-   when their GPU fails) and only the models without a place are packed. A plan from scratch replaces it only when,
-   made for rates :data:`REPACK_RATE_MARGIN` (10 %) higher, it still saves ``max(1, ceil(0.1 x GPUs))`` GPUs
-   (:data:`REPACK_MIN_SAVING_FRACTION`); its GPUs then take the ids of the current GPUs they share most models with,
-   and are filled at the actual rates. So GPUs merge only when the merged GPU holds 10 % more load, and a merged
-   GPU splits only when its own rates rose past what it holds: rate noise within that band moves nothing.
+   when their GPU fails) and only the models without a place are packed. A re-pack replaces it only when, made
+   for rates :data:`REPACK_RATE_MARGIN` (10 %) higher, it still saves ``max(1, ceil(0.1 x GPUs))`` GPUs
+   (:data:`REPACK_MIN_SAVING_FRACTION`). The re-pack tried first empties whole current GPUs into the others
+   (:func:`batchfill.policy.binpack.dissolve`: only their models move); failing that, a plan from scratch, whose
+   GPUs take the ids of the current GPUs they share most models with. Either is filled at the actual rates. So
+   GPUs merge only when the merged GPU holds 10 % more load, and a merged GPU splits only when its own rates
+   rose past what it holds: rate noise within that band moves nothing.
 
 Each model's configuration on a shared GPU is its own plan's (work-conserving batching: every batch size preferred,
 the minimum queue delay), so its batches grow with the time it waits for the GPU; the simulator decides whether
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field, replace
 
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import BatchedModelSpec
-from batchfill.policy.binpack import Bin, kept_bins, matched_ids, pack
+from batchfill.policy.binpack import Bin, dissolve, kept_bins, matched_ids, pack
 from batchfill.policy.packing import Tenant, duty_cycle_fits
 from batchfill.policy.plan import Candidate, PlanResult, plan_batching
 from batchfill.policy.profile import LatencyProfile
@@ -425,14 +427,22 @@ def plan_placement(
         kept, _packed(kept, groups, gpu_memory_mib, server_overhead_mib, seed), gpu_memory_mib, server_overhead_mib,
         current, True,
     )  # fmt: skip
-    # the plan from scratch, for rates REPACK_RATE_MARGIN higher: adopted only if it still saves enough
+    # re-packs, planned for rates REPACK_RATE_MARGIN higher and adopted only if they still save enough: first
+    # emptying whole kept GPUs into the others (few moves), then a plan from scratch
+    need = kept_plan.gpus - max(1, math.ceil(min_saving_fraction * kept_plan.gpus))
     high = {n: m.scaled(1 + REPACK_RATE_MARGIN) for n, m in base.items()}
-    high_bins = _packed(high, [], gpu_memory_mib, server_overhead_mib, seed)
-    high_gpus = len(high_bins) + sum(m.dedicated for m in high.values())
-    if high_gpus > kept_plan.gpus - max(1, math.ceil(min_saving_fraction * kept_plan.gpus)):
-        return kept_plan
-    names = [[t.name for t in b.tenants] for b in high_bins]
-    ids = matched_ids(names, {s.gpu_id: set(s.tenants) for s in current.shared})
+    high_bins = dissolve(_packed(high, groups, gpu_memory_mib, server_overhead_mib, seed), gpu_memory_mib,
+                         server_overhead_mib, seed)  # fmt: skip
+    if len(high_bins) + sum(m.dedicated for m in high.values()) <= need:
+        names = [[t.name for t in b.tenants] for b in high_bins]
+        ids = [b.gpu_id for b in high_bins]
+    else:
+        high = {n: m.scaled(1 + REPACK_RATE_MARGIN) for n, m in base.items()}
+        high_bins = _packed(high, [], gpu_memory_mib, server_overhead_mib, seed)
+        if len(high_bins) + sum(m.dedicated for m in high.values()) > need:
+            return kept_plan
+        names = [[t.name for t in b.tenants] for b in high_bins]
+        ids = matched_ids(names, {s.gpu_id: set(s.tenants) for s in current.shared})
     moved = {n: replace(m) for n, m in base.items()}
     bins = _packed(moved, list(zip(ids, names, strict=True)), gpu_memory_mib, server_overhead_mib, seed)
     return _result(moved, bins, gpu_memory_mib, server_overhead_mib, current, False)
