@@ -129,8 +129,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="derive Triton's batching settings and capacity from a BatchedModel file")
-    p.add_argument("file", help="BatchedModel YAML (several documents are planned one by one); - for stdin")
+    p.add_argument(
+        "file",
+        help="BatchedModel YAML, or a folder of them (several documents are planned one by one); - for stdin",
+    )
     p.add_argument("--rps", type=float, default=None, help="request rate to size replicas for (req/s)")
+    p.add_argument(
+        "--rate",
+        action="append",
+        metavar="NAME=RPS",
+        help="place every model together on shared GPUs, this one at RPS req/s (repeat for each model; NAME is "
+        "metadata.name)",
+    )
+    p.add_argument("--rates", metavar="FILE", help="YAML/JSON mapping of model name to req/s (as --rate)")
+    p.add_argument(
+        "--gpu-memory-mib",
+        type=float,
+        default=16_384.0,
+        help="with --rate/--rates: memory of one GPU, MiB (default 16384, a 16 GiB inference GPU such as a T4)",
+    )
+    p.add_argument(
+        "--memory",
+        action="append",
+        metavar="NAME=MIB",
+        help="with --rate/--rates: GPU memory the model holds when loaded, MiB (default 2048)",
+    )
     p.add_argument(
         "-o",
         "--output",

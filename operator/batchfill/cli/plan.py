@@ -14,10 +14,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from batchfill.api.documents import parse_documents
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.validate import load_model
-from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, input_error, read_text
+from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, input_error
 from batchfill.policy.plan import PlanResult, plan_batching, replicas_for
 
 
@@ -117,18 +116,26 @@ def _table(console: Console, planned: dict[str, Any]) -> None:
 
 
 def command(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """`batchfill plan FILE`: every document planned; exit 2 when any failed (the others are still printed)."""
+    """`batchfill plan FILE|FOLDER`: every document planned; exit 2 when any failed (the others are still printed).
+    With ``--rate``/``--rates`` the models are placed together instead (cli/placement.py)."""
+    from batchfill.cli import placement
+
+    if getattr(args, "rate", None) or getattr(args, "rates", None):
+        return placement.command(args, out, err)
     try:
-        docs = parse_documents(read_text(args.file))
-    except (OSError, SpecError) as e:
+        labelled = placement.fleet_documents(args.file)
+    except OSError as e:
         return input_error(f"{args.file}", e, err)
-    if not docs:
+    except SpecError as e:
+        for p in e.problems:
+            err_line(err, str(p))
+        return EXIT_USAGE
+    if not labelled:
         err_line(err, f"{args.file}: no YAML documents")
         return EXIT_USAGE
     planned: list[dict[str, Any]] = []
     failed = False
-    for i, doc in enumerate(docs):
-        label = f"{args.file}" + (f" (document {i + 1})" if len(docs) > 1 else "")
+    for label, doc in labelled:
         try:
             planned.append(plan_document(doc, args.rps, args.seed))
         except SpecError as e:

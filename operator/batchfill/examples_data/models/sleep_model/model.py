@@ -10,8 +10,14 @@ request of b). ``alpha_ms`` and ``beta_ms`` come from the model config's ``param
 
 Input ``INPUT0`` (TYPE_FP32, dims [4] per sample) is echoed to ``OUTPUT0``. The time asleep is measured from
 the start of ``execute``, so the small per-request bookkeeping is absorbed into the sleep rather than added.
+
+With ``parameters: { key: "gpu_lock" value: { string_value: "/path/to/file" } }`` every execution first takes an
+exclusive ``flock`` on that file and holds it while it sleeps: every model instance given the same path runs one
+execution at a time, which emulates several models sharing one GPU the way ``batchfill.sim.shared`` models it.
+The sleep is then measured from when the lock is held.
 """
 
+import fcntl
 import json
 import time
 
@@ -29,8 +35,19 @@ class TritonPythonModel:
 
         self.alpha_s = param("alpha_ms", 0.0) / 1000.0
         self.beta_s = param("beta_ms", 0.0) / 1000.0
+        lock_path = params.get("gpu_lock", {}).get("string_value", "")
+        self.lock = open(lock_path, "a+") if lock_path else None  # noqa: SIM115 (held for the model's life)
 
     def execute(self, requests):
+        if self.lock is None:
+            return self._run(requests)
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        try:
+            return self._run(requests)
+        finally:
+            fcntl.flock(self.lock, fcntl.LOCK_UN)
+
+    def _run(self, requests):
         start = time.perf_counter()
         inputs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
         b = sum(int(x.shape[0]) if x.ndim > 0 else 1 for x in inputs)
@@ -41,4 +58,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        pass
+        if self.lock is not None:
+            self.lock.close()

@@ -1,0 +1,121 @@
+"""`batchfill plan` with several BatchedModels and their rates: the shared placement, as a user runs it."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchfill.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = yaml.safe_load((ROOT / "examples" / "seed-example.yaml").read_text())
+RATES = {"big": 300.0, "mid": 60.0, "small": 20.0, "tiny": 2.0, "idle": 0.0}
+
+
+def named(name: str) -> dict[str, Any]:
+    doc = copy.deepcopy(SEED)
+    doc["metadata"]["name"] = name
+    doc["spec"]["model"]["name"] = name
+    return doc
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Path:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(yaml.safe_dump_all([named(n) for n in RATES]))
+    return f
+
+
+def rate_flags() -> list[str]:
+    return [x for n, r in RATES.items() for x in ("--rate", f"{n}={r:g}")]
+
+
+def test_placement_json_puts_every_model_somewhere_on_fewer_gpus(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", str(fleet), *rate_flags(), "--memory", "big=4096", "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    models = {m["name"]: m for m in out["models"]}
+    assert set(models) == set(RATES)
+    # the seed example's capacity is 110 req/s: big is 300 / 0.85 = 352.9 -> 3 dedicated GPUs and a residual
+    assert models["big"]["dedicatedGpus"] == 3
+    assert models["big"]["sharedRateRps"] == pytest.approx(300 / 0.85 - 3 * models["big"]["capacityRps"], abs=0.01)
+    assert models["big"]["memoryMib"] == 4096
+    assert all(m["dedicatedGpus"] or m["sharedGpu"] is not None for m in models.values())
+    assert all(m["p99Ms"] <= m["targetMs"] and m["headroomMs"] >= 0 for m in models.values())
+    assert out["oneModelPerGpu"] == 4 + 1 + 1 + 1 + 1  # ceil(300 / (0.85 x 110)) = 4, one each for the rest
+    assert out["gpus"] == out["dedicatedGpus"] + out["sharedGpus"] < out["oneModelPerGpu"]
+    assert out["fractionalBound"] == pytest.approx(sum(RATES.values()) / models["big"]["capacityRps"], abs=1e-3)
+    assert out["gpus"] >= out["fractionalBound"]
+    on_shared = sorted(m["name"] for s in out["shared"] for m in s["models"])
+    assert on_shared == sorted(n for n, m in models.items() if m["sharedGpu"] is not None)
+    assert all(s["memoryMib"] <= out["gpuMemoryMib"] for s in out["shared"])
+
+
+def test_a_folder_and_a_rates_file_give_the_same_placement(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", str(fleet), *rate_flags(), "-o", "json"]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for n in RATES:
+        (folder / f"{n}.yaml").write_text(yaml.safe_dump(named(n)))
+    (folder / "README.txt").write_text("not a model")
+    rates = tmp_path / "rates.yaml"
+    rates.write_text(yaml.safe_dump(RATES))
+    assert main(["plan", str(folder), "--rates", str(rates), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == from_file
+
+
+def test_the_table_shows_gpus_models_and_the_comparison(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(fleet), *rate_flags()]) == 0
+    out = capsys.readouterr().out
+    assert "3 dedicated" in out
+    assert "shared 0" in out
+    assert "with one model per GPU" in out
+    assert "fractional bound" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--rate", "big=300"], "mid: has no rate"),
+        ([*rate_flags(), "--rate", "nobody=1"], "--rate: nobody: no such model"),
+        ([*rate_flags(), "--rate", "big=fast"], "--rate: 'big=fast' must be NAME=RPS"),
+        ([*rate_flags(), "--memory", "big=99999"], "big: memory=99999 MiB must be > 0 and fit"),
+        ([*rate_flags(), "--gpu-memory-mib", "256"], "--gpu-memory-mib: gpu_memory_mib=256 leaves no room"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_per_problem(
+    fleet: Path, capsys: pytest.CaptureFixture[str], flags: list[str], line: str
+) -> None:
+    assert main(["plan", str(fleet), *flags]) == 2
+    captured = capsys.readouterr()
+    assert line in captured.err
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+
+
+def test_a_folder_without_rates_plans_each_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for n in ("a", "b"):
+        (tmp_path / f"{n}.yml").write_text(yaml.safe_dump(named(n)))
+    assert main(["plan", str(tmp_path), "-o", "json"]) == 0
+    assert [o["name"] for o in json.loads(capsys.readouterr().out)] == ["a", "b"]
+
+
+def test_a_folder_of_too_many_files_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import batchfill.cli.placement as placement
+
+    monkeypatch.setattr(placement, "MAX_FOLDER_FILES", 2)
+    for n in ("a", "b", "c"):
+        (tmp_path / f"{n}.yaml").write_text(yaml.safe_dump(named(n)))
+    assert main(["plan", str(tmp_path)]) == 2
+    assert "holds 3 model files, over the 2 a folder may" in capsys.readouterr().err
