@@ -237,3 +237,13 @@ def test_baselines_lead_with_the_end_to_end_table(tmp_path: Path, capsys: pytest
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "unknown batching configuration 'batching-on'" in err[0]
+
+
+def test_a_baseline_peak_above_max_replicas_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", str(SEED), "--trace", "step", "--duration", "2m", "--mean-rps", "700", "--peak-rps", "700"]
+    assert main([*argv, "--policies", "batchfill,batching-off/static-peak", "--plot", ""]) == 0
+    out = capsys.readouterr().out
+    # the plan's C = 110 req/s needs 7 <= 8 replicas; batching off (one request at a time, 10 ms) needs more than 8
+    assert "note: the peak minute" not in out
+    assert "note: batching-off needs " in out
+    assert "spec.scaling.maxReplicas=8 caps its HPA runs (its static-peak is not capped)" in out

@@ -178,6 +178,15 @@ def print_comparison(c: Comparison, out: Console, *, targets: bool = True) -> No
             style="yellow",
             highlight=False,
         )
+    for b in c.baselines:
+        need_b = math.ceil(c.peak_rps / b.capacity_rps - 1e-9) if b.capacity_rps > 0 else 0
+        if need_b > cap:
+            out.print(
+                f"note: {b.batching.value} needs {need_b} replicas at capacity for the peak minute; "
+                f"spec.scaling.maxReplicas={cap} caps its HPA runs (its static-peak is not capped)",
+                style="yellow",
+                highlight=False,
+            )
     out.print(
         f"[bold]{c.trace_description}[/bold]\n"
         f"plan: max_batch_size {st.plan.maxBatchSize}, max_queue_delay {st.plan.maxQueueDelayMicroseconds} us, "
