@@ -17,7 +17,7 @@ One run regenerates ``docs/benchmarks.md`` and its plots in ``docs/benchmarks/``
    ``tests/component/test_plan_meets_sla.py`` wrote to ``benchmarks/out/sim_vs_real.json`` (run that test first;
    the section says so when the file is missing).
 
-Prints figures; not a pass/fail test. About 8 minutes on 2 cores.
+Prints figures; not a pass/fail test. About 10 minutes on 2 cores.
 
 Run: .venv/bin/python benchmarks/fleet_cost.py [--quick] [--docs docs/benchmarks.md]
 """
