@@ -335,7 +335,9 @@ def markdown_lines(
     lines += [
         "",
         "The large fixed cost needs one GPU more with batching off than stated: the planner's capacity search "
-        "stops within 1 % and confirms on a second draw, a little below the M/D/1 figure behind the 30. Under "
+        "(12,000 requests per probe, confirmed on 40,000) stops on the safe side of the long-run figure; on 2 "
+        "million simulated requests one replica keeps its p99 within 140 ms up to about 34 req/s, which needs 30 "
+        "GPUs. Under "
         "round robin each replica gets every n-th request, so a fleet of many small replicas queues far less "
         "than Poisson traffic would make it; the HPA's count is the same, its replicas then meet the SLA.",
         "",
