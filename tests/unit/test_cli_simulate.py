@@ -215,3 +215,35 @@ def test_hpa_targets_can_be_named_in_the_policy(capsys: pytest.CaptureFixture[st
     assert "hpa-gpu@90 " in out
     assert main([*argv, "--policies", "hpa-gpu@0", "--plot", ""]) == 2
     assert "policy 'hpa-gpu@0': the target after '@' must be a percentage in (0, 100]" in capsys.readouterr().err
+
+
+def test_baselines_lead_with_the_end_to_end_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    js = tmp_path / "e2e.json"
+    argv = ["simulate", str(SEED), "--trace", "step", "--duration", "4m", "--mean-rps", "200", "--peak-rps", "200"]
+    policies = "batchfill,batching-off/static-peak,seed-rule/hpa-gpu@90"
+    assert main([*argv, "--policies", policies, "--balancing", "random", "--plot", "", "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    assert out.index("end to end: batchfill against what teams run today") < out.index("capacity at SLA C = 110")
+    lines = [line.split() for line in out.splitlines()]
+    assert next(w[:2] for w in lines if w[:1] == ["plan"]) == ["plan", "batchfill"]
+    assert any(w[:3] == ["batching-off", "static", "peak"] for w in lines)
+    assert any(w[:5] == ["seed-rule", "HPA", "GPU", "util", "90%"] for w in lines)
+    assert "batching-off: no dynamic_batching (batch 1 per execution); C = " in out
+    doc = json.loads(js.read_text())
+    assert doc["balancing"] == "random"
+    assert doc["endToEnd"][0]["autoscaler"] == "batchfill"
+    assert [r["Triton batching"] for r in doc["endToEnd"]] == ["plan", "batching-off", "seed-rule"]
+    assert main([*argv, "--policies", "batching-on/hpa-gpu", "--plot", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "unknown batching configuration 'batching-on'" in err[0]
+
+
+def test_a_baseline_peak_above_max_replicas_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", str(SEED), "--trace", "step", "--duration", "2m", "--mean-rps", "700", "--peak-rps", "700"]
+    assert main([*argv, "--policies", "batchfill,batching-off/static-peak", "--plot", ""]) == 0
+    out = capsys.readouterr().out
+    # the plan's C = 110 req/s needs 7 <= 8 replicas; batching off (one request at a time, 10 ms) needs more than 8
+    assert "note: the peak minute" not in out
+    assert "note: batching-off needs " in out
+    assert "spec.scaling.maxReplicas=8 caps its HPA runs (its static-peak is not capped)" in out

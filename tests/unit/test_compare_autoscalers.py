@@ -361,3 +361,28 @@ def test_ratio_at_the_tolerance_edge_keeps_the_count() -> None:
     # it gives ceil(3.4) = 4 too, so the edge is checked on 10 replicas: 900 / 1000 -> 10, 890 / 1000 -> 9)
     assert hpa(RPS100).decide(obs(current=10, request_rate_rps=900.0)).replicas == 10
     assert hpa(RPS100).decide(obs(current=10, request_rate_rps=890.0)).replicas == 9
+
+
+def test_gpu_utilization_scale_down_waits_out_the_stabilization_window() -> None:
+    # 10 replicas 90 % busy at t=0 (rec ceil(10 x 0.9 / 0.8) = 12, limited to the step), then 20 % busy: the
+    # proportional count ceil(10 x 0.2 / 0.8) = 3 applies only when the t=0 recommendation is 300 s old
+    auto = hpa(GPU80)
+    assert auto.decide(obs(now_s=0.0, current=10, gpu_utilization=0.9)).replicas == 12
+    for t in np.arange(15.0, 300.0, 15.0):
+        d = auto.decide(obs(now_s=float(t), current=10, gpu_utilization=0.2))
+        assert (d.replicas, d.reason) == (10, HpaReason.SCALE_DOWN_STABILIZED), f"t={t}"
+    d = auto.decide(obs(now_s=300.0, current=10, gpu_utilization=0.2))
+    assert (d.replicas, d.reason) == (3, HpaReason.SCALE_DOWN)
+
+
+@pytest.mark.parametrize(
+    ("util", "replicas"),
+    [
+        (0.721, 10),  # ratio 0.90125: within the tolerance, kept (0.72 / 0.8 is 0.8999... in floats, as in Go)
+        (0.71, 9),  # ratio 0.8875: ceil(8.875)
+        (0.88, 10),  # ratio 1.1: kept
+        (0.89, 12),  # ratio 1.1125: ceil(11.125)
+    ],
+)
+def test_gpu_utilization_tolerance_is_ten_percent_of_the_target(util: float, replicas: int) -> None:
+    assert hpa(GPU80).decide(obs(current=10, gpu_utilization=util)).replicas == replicas

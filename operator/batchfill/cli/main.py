@@ -308,7 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--length", default=None, help="spike: length (default a sixth of the trace)")
     sim.add_argument("--rates", default=None, help="replay: per-minute rate file (req/s per line, or minute,rps)")
     sim.add_argument(
-        "--policies", default=",".join(POLICIES), help=f"comma-separated, from {', '.join(POLICIES)} (default all)"
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, from {', '.join(POLICIES)} (default these), hpa-gpu@<percent>, hpa-gpu@best, and "
+        "what teams run today: <batching>/<autoscaler> with batching batching-off, triton-default or seed-rule and "
+        "autoscaler hpa-gpu, hpa-gpu@<percent>, hpa-gpu@best or static-peak; 'baselines' names all nine",
+    )
+    sim.add_argument(
+        "--balancing",
+        choices=("round-robin", "random"),
+        default="round-robin",
+        help="how the Service spreads requests over replicas: round-robin, or random as kube-proxy (default "
+        "round-robin)",
     )
     sim.add_argument("--startup", type=float, default=60.0, help="replica start-up to Ready, s (default 60)")
     sim.add_argument("--hpa-gpu-target", type=float, default=80.0, help="hpa-gpu utilization target, %% (default 80)")

@@ -22,8 +22,28 @@ from rich.table import Table
 from batchfill.api.errors import SpecError
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.cli.common import EXIT_OK, EXIT_USAGE, TRACES, err_line, one_model
-from batchfill.compare.report import COLUMN_LEGEND, COLUMNS, checks, figure, rows, table_cells
-from batchfill.compare.run import POLICIES, CompareError, Comparison, Options, check_policies, compare, prepare
+from batchfill.compare.report import (
+    COLUMN_LEGEND,
+    COLUMNS,
+    END_TO_END_COLUMNS,
+    END_TO_END_LEGEND,
+    checks,
+    configurations_text,
+    end_to_end_rows,
+    figure,
+    rows,
+    table_cells,
+)
+from batchfill.compare.run import (
+    POLICIES,
+    CompareError,
+    Comparison,
+    Options,
+    check_policies,
+    compare,
+    expand_policies,
+    prepare,
+)
 from batchfill.sim import traces
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|h|d)?\s*$")
@@ -122,8 +142,32 @@ def _build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float
     raise ValueError(f"--trace {opts.kind!r}: choose from {', '.join(TRACES)}")
 
 
+def _wide(out: Console) -> Console:
+    """``out``, or a console on the same file at least 120 columns wide (a pipe gets 80, too few for the tables)."""
+    return out if out.width >= 120 else Console(file=out.file, width=120, soft_wrap=True, no_color=out.no_color)
+
+
+def print_end_to_end(c: Comparison, out: Console) -> None:
+    """The end-to-end table (batchfill against what teams run today), when ``c`` has baseline runs."""
+    cells = end_to_end_rows(c)
+    if not cells:
+        return
+    out.print("[bold]end to end: batchfill against what teams run today[/bold]", highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, col in enumerate(END_TO_END_COLUMNS):
+        table.add_column(col, justify="left" if i < 2 else "right")
+    for row in cells:
+        table.add_row(*row)
+    _wide(out).print(table)
+    out.print(END_TO_END_LEGEND, highlight=False, style="dim")
+    for line in configurations_text(c):
+        out.print(line, highlight=False, style="dim")
+
+
 def print_comparison(c: Comparison, out: Console, *, targets: bool = True) -> None:
-    """The plan line, the table and (``targets``) the cost benchmark's targets, which are set for a diurnal day."""
+    """The end-to-end table when baselines ran, the plan line, the table and (``targets``) the cost benchmark's
+    targets, which are set for a diurnal day."""
+    print_end_to_end(c, out)
     st = c.setup
     need = math.ceil(c.peak_rps / st.capacity_rps - 1e-9)
     cap = st.spec.scaling.maxReplicas
@@ -134,6 +178,15 @@ def print_comparison(c: Comparison, out: Console, *, targets: bool = True) -> No
             style="yellow",
             highlight=False,
         )
+    for b in c.baselines:
+        need_b = math.ceil(c.peak_rps / b.capacity_rps - 1e-9) if b.capacity_rps > 0 else 0
+        if need_b > cap:
+            out.print(
+                f"note: {b.batching.value} needs {need_b} replicas at capacity for the peak minute; "
+                f"spec.scaling.maxReplicas={cap} caps its HPA runs (its static-peak is not capped)",
+                style="yellow",
+                highlight=False,
+            )
     out.print(
         f"[bold]{c.trace_description}[/bold]\n"
         f"plan: max_batch_size {st.plan.maxBatchSize}, max_queue_delay {st.plan.maxQueueDelayMicroseconds} us, "
@@ -149,9 +202,7 @@ def print_comparison(c: Comparison, out: Console, *, targets: bool = True) -> No
         table.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
     for row in rows(c):
         table.add_row(*table_cells(row))
-    # a pipe gets 80 columns, too few for ten: the table is printed at least 120 wide
-    wide = out if out.width >= 120 else Console(file=out.file, width=120, soft_wrap=True, no_color=out.no_color)
-    wide.print(table)
+    _wide(out).print(table)
     out.print(COLUMN_LEGEND, highlight=False, style="dim")
     found = checks(c) if targets else []
     if found:
@@ -173,6 +224,9 @@ def comparison_json(c: Comparison, *, targets: bool = True) -> dict[str, Any]:
         "serverBudgetMs": c.setup.plan.serverBudgetMs,
         "staticReplicas": c.static_replicas,
         "rows": [asdict(r) for r in rows(c)],
+        "endToEnd": [dict(zip(END_TO_END_COLUMNS, row, strict=True)) for row in end_to_end_rows(c)],
+        "bestTargets": c.best_targets,
+        "balancing": c.options.balancing,
         "checks": [asdict(k) for k in checks(c)] if targets else [],
     }
 
@@ -194,6 +248,7 @@ def run_simulation(
         CompareError, ValueError: bad spec, trace options or policy names (messages name them).
     """
     check_policies(policies)
+    policies = expand_policies(policies)
     setup = prepare(spec, seed=options.seed)
     trace = build_trace(trace_opts, spec, setup.capacity_rps)
     with Progress(
@@ -255,7 +310,12 @@ def command(args: argparse.Namespace, out: Console, err: Console) -> int:
             rates_file=args.rates,
             seed=args.seed,
         )
-        options = Options(startup_s=args.startup, hpa_gpu_target=args.hpa_gpu_target / 100.0, seed=args.seed)
+        options = Options(
+            startup_s=args.startup,
+            hpa_gpu_target=args.hpa_gpu_target / 100.0,
+            seed=args.seed,
+            balancing=args.balancing,
+        )
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         run_simulation(
             bm.spec,

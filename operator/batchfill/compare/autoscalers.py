@@ -119,7 +119,14 @@ MetricSource = Callable[[Observation], tuple[float, float] | None]
 
 
 def gpu_utilization_metric(target_fraction: float) -> MetricSource:
-    """HPA ``Pods`` metric, target ``averageValue`` GPU busy fraction (0-1): returns (desired, ratio)."""
+    """HPA ``Pods`` metric, target ``averageValue`` GPU busy fraction (0-1): returns (desired, ratio).
+
+    The metric is DCGM's ``DCGM_FI_DEV_GPU_UTIL`` (NVML's ``utilization.gpu``): the fraction of the sample period
+    during which one or more kernels ran on the GPU. The simulator's equivalent (``Observation.gpu_utilization``)
+    is each replica's execution time in the window over the window (per GPU), averaged over the replicas, a
+    starting one counting 0: a batch of one occupies the GPU for ``l(1)`` as fully as a full batch for ``l(B)``,
+    so the metric says how often the GPU runs, not how much of its batch capacity is used.
+    """
 
     def source(obs: Observation) -> tuple[float, float] | None:
         if obs.gpu_utilization is None or obs.current == 0:

@@ -3,6 +3,9 @@
 The targets are those of the cost benchmark (its results: docs/benchmarks.md): batchfill within 1.15 x the
 whole-replica lower bound with at least 99.9 % of requests within the SLA, at least 40 % fewer GPU-hours than
 static peak provisioning, and fewer GPU-hours than the HPA on GPU utilization at equal or better SLO attainment.
+
+The end-to-end table (:func:`end_to_end_rows`) puts batchfill next to what teams run today (the baselines of
+:mod:`batchfill.compare.baselines`) and the best tuned competitor (KEDA on request rate at u·C).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from matplotlib.figure import Figure
 
+from batchfill.compare.baselines import parse_policy
 from batchfill.compare.run import Comparison
 from batchfill.sim.fleet import FleetRun
 
@@ -194,6 +198,78 @@ def markdown_table(c: Comparison) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows(c)]
     return "\n".join(lines)
+
+
+#: Columns of the end-to-end table.
+END_TO_END_COLUMNS = ("Triton batching", "autoscaler", "GPU-h", "x batchfill", "in SLA", "p99 ms", "peak")
+#: What the end-to-end columns mean.
+END_TO_END_LEGEND = (
+    "x batchfill: that row's GPU-hours over batchfill's; in SLA: requests within the server budget T; peak: most "
+    "replicas at once"
+)
+
+
+def configurations_text(c: Comparison) -> list[str]:
+    """One line per batching configuration of the end-to-end table: its Triton settings and capacity at SLA."""
+    p = c.setup.plan
+    out = [
+        f"plan: max_batch_size {p.maxBatchSize}, preferred 1...{p.maxBatchSize}, delay "
+        f"{p.maxQueueDelayMicroseconds:,} µs; C = {c.setup.capacity_rps:.4g} req/s per replica"
+    ]
+    out += [f"{b.batching.value}: {b.summary}; C = {b.capacity_rps:.4g} req/s per replica" for b in c.baselines]
+    return out
+
+
+def _scaler_text(c: Comparison, policy: str, scaler: str) -> str:
+    if scaler == "batchfill":
+        return "batchfill"
+    if scaler == "keda-rps":
+        return f"KEDA req/s, u·C = {c.setup.per_replica_target_rps:.4g}"
+    if scaler == "keda-queue":
+        return "KEDA queue time"
+    if scaler == "hpa-gpu@best":
+        return f"HPA GPU util, best {c.best_targets[policy]:.0%}"
+    if scaler.startswith("hpa-gpu"):
+        pct = c.options.hpa_gpu_target * 100 if scaler == "hpa-gpu" else float(scaler.partition("@")[2])
+        return f"HPA GPU util {pct:g}%"
+    run = c.run(policy)
+    count = "" if run is None else f" ({run.peak_replicas})"
+    return f"static peak{count}"
+
+
+def end_to_end_rows(c: Comparison) -> list[list[str]]:
+    """The end-to-end table's cells: batchfill, KEDA on req/s at u·C when run, then every baseline run, in the
+    order of :data:`END_TO_END_COLUMNS`; empty when ``c`` has no batchfill run or no baseline run."""
+    ours = c.run("batchfill")
+    picked = [r for r in c.runs if parse_policy(r.policy).batching is not None]
+    if ours is None or not picked:
+        return []
+    picked = [ours, *(r for r in c.runs if r.policy == "keda-rps"), *picked]
+    out = []
+    for r in picked:
+        name = parse_policy(r.policy)
+        p99 = r.latency_quantile_ms(0.99)
+        out.append(
+            [
+                "plan" if name.batching is None else name.batching.value,
+                _scaler_text(c, r.policy, name.scaler),
+                f"{r.gpu_hours:.2f}",
+                f"{r.gpu_seconds / ours.gpu_seconds:.2f}" if ours.gpu_seconds > 0 else "",
+                f"{r.slo_attainment:.4%}",
+                "" if p99 is None else f"{p99:.1f}",
+                str(r.peak_replicas),
+            ]
+        )
+    return out
+
+
+def end_to_end_markdown(c: Comparison) -> str:
+    """The end-to-end table in GitHub markdown ('' when :func:`end_to_end_rows` is empty)."""
+    cells = end_to_end_rows(c)
+    if not cells:
+        return ""
+    lines = ["| " + " | ".join(END_TO_END_COLUMNS) + " |", "|" + "---|" * len(END_TO_END_COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
 
 
 def _hours(run: FleetRun) -> npt.NDArray[np.float64]:

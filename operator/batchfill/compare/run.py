@@ -13,6 +13,11 @@ Policies (names are API of ``batchfill simulate --policies``):
 * ``static-peak``: ``ceil(peak / C)`` replicas all the time, ``peak`` the highest per-minute arrival rate of the
   trace: the fewest static replicas whose capacity at SLA covers the peak minute (no headroom: stricter than
   common practice, so savings against it are not overstated).
+* ``hpa-gpu@best``: the HPA on GPU utilization at the target that is cheapest while it keeps 99.9 % of requests
+  within the SLA on this trace (:func:`batchfill.compare.baselines.best_hpa_target`; several runs).
+* ``<configuration>/<autoscaler>`` (``batching-off/hpa-gpu``, ``seed-rule/static-peak``, ...): what teams run
+  today, a Triton batching configuration other than the plan behind ``hpa-gpu``, ``hpa-gpu@<percent>``,
+  ``hpa-gpu@best`` or ``static-peak`` (:mod:`batchfill.compare.baselines`); ``baselines`` names them all.
 
 Lower bounds (not simulated): ``∫ ceil(λ_m / C) dt`` (whole replicas, the bound the done-when ratios use) and
 ``∫ λ_m / C dt`` (fractional GPUs), with ``λ_m`` the arrival rate of each minute.
@@ -24,7 +29,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +45,15 @@ from batchfill.compare.autoscalers import (
     queue_time_metric,
     request_rate_metric,
 )
+from batchfill.compare.baselines import (
+    BASELINE_POLICIES,
+    Batching,
+    Configuration,
+    best_hpa_target,
+    configuration,
+    parse_policy,
+)
+from batchfill.compare.errors import CompareError as CompareError  # the comparison's error, re-exported
 from batchfill.policy.plan import plan_batching, replicas_for
 from batchfill.policy.profile import LatencyProfile
 from batchfill.sim.batcher import BatcherConfig, poisson_unit_arrivals, simulate_batcher
@@ -50,15 +65,14 @@ from batchfill.sim.fleet import (
     minute_rates,
     simulate_fleet,
 )
+from batchfill.sim.routing import BALANCING, ROUND_ROBIN
 from batchfill.sim.traces import Trace
 
 POLICIES = ("batchfill", "hpa-gpu", "keda-rps", "keda-queue", "static-peak")
+#: A policy name that stands for every baseline (:data:`batchfill.compare.baselines.BASELINE_POLICIES`).
+BASELINES_ALIAS = "baselines"
 #: Requests simulated to find the baselines' best-informed targets at u·C.
 _TARGET_REQUESTS = 100_000
-
-
-class CompareError(ValueError):
-    """A comparison that cannot run; the message names the field and the numbers."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,8 @@ class Options:
         scrape_s: Prometheus scrape interval, seconds.
         window_s: signal window (the operator's BATCHFILL_SIGNAL_WINDOW_SECONDS; KEDA queries' ``[1m]``), seconds.
         hpa_gpu_target: HPA GPU-utilization target, fraction in (0, 1].
-        seed: seed of the planner's draws.
+        seed: seed of the planner's draws (and of the random load balancing).
+        balancing: how the Service spreads requests, ``round-robin`` or ``random`` (:mod:`batchfill.sim.routing`).
     """
 
     startup_s: float = 60.0
@@ -80,6 +95,7 @@ class Options:
     window_s: float = 60.0
     hpa_gpu_target: float = 0.8
     seed: int = 0
+    balancing: str = ROUND_ROBIN
 
 
 @dataclass(frozen=True)
@@ -177,24 +193,26 @@ def static_peak_replicas(minutes: npt.NDArray[np.int64], duration_s: float, capa
 
 
 def make_autoscaler(name: str, setup: Setup, options: Options, static_replicas: int) -> Autoscaler:
-    """The autoscaler called ``name`` (see :data:`POLICIES`).
+    """The autoscaler called ``name`` (see :data:`POLICIES`; a baseline's ``<configuration>/`` prefix is only
+    the autoscaler's name here: its batcher is the fleet's).
 
     Raises:
-        CompareError: for an unknown name.
+        CompareError: for an unknown name, and for ``hpa-gpu@best``, which is several runs (:func:`compare`).
     """
     s = setup.spec.scaling
-    if name == "batchfill":
+    kind = parse_policy(name).scaler
+    if kind == "batchfill":
         return BatchfillAutoscaler(setup.plan, s)
-    if name == "hpa-gpu" or name.startswith("hpa-gpu@"):
-        target = options.hpa_gpu_target if name == "hpa-gpu" else hpa_gpu_target_of(name)
+    if kind == "hpa-gpu" or kind.startswith("hpa-gpu@"):
+        target = options.hpa_gpu_target if kind == "hpa-gpu" else hpa_gpu_target_of(kind)
         return HorizontalPodAutoscaler(name, gpu_utilization_metric(target), s.minReplicas, s.maxReplicas)
-    if name == "keda-rps":
+    if kind == "keda-rps":
         return HorizontalPodAutoscaler(
             name, request_rate_metric(setup.per_replica_target_rps), s.minReplicas, s.maxReplicas
         )
-    if name == "keda-queue":
+    if kind == "keda-queue":
         return HorizontalPodAutoscaler(name, queue_time_metric(setup.queue_ms_at_target), s.minReplicas, s.maxReplicas)
-    if name == "static-peak":
+    if kind == "static-peak":
         return StaticAutoscaler(static_replicas, name)
     raise CompareError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 
@@ -207,12 +225,15 @@ class Comparison:
         setup: plan and targets.
         trace_description: the trace.
         duration_s: its length, seconds.
-        runs: one :class:`FleetRun` per policy, in the order asked.
-        lower_bound_gpu_seconds: whole-replica bound ``∫ ceil(λ_m/C) dt``, GPU·s.
+        runs: one :class:`FleetRun` per policy, in the order asked (``policy`` is the name asked).
+        lower_bound_gpu_seconds: whole-replica bound ``∫ ceil(λ_m/C) dt`` with the plan's C, GPU·s.
         fractional_bound_gpu_seconds: ``∫ λ_m/C dt``, GPU·s.
-        static_replicas: the static-peak count.
+        static_replicas: the static-peak count of the plan.
         peak_rps: highest per-minute arrival rate, req/s.
         mean_rps: mean arrival rate, req/s.
+        options: the fleet settings.
+        baselines: the baseline configurations the runs used, in the order first asked.
+        best_targets: for each ``...hpa-gpu@best`` policy, the target it chose (fraction).
     """
 
     setup: Setup
@@ -225,9 +246,14 @@ class Comparison:
     peak_rps: float
     mean_rps: float
     options: Options = field(default_factory=Options)
+    baselines: tuple[Configuration, ...] = ()
+    best_targets: dict[str, float] = field(default_factory=dict)
 
     def run(self, policy: str) -> FleetRun | None:
         return next((r for r in self.runs if r.policy == policy), None)
+
+    def baseline(self, batching: Batching) -> Configuration | None:
+        return next((b for b in self.baselines if b.batching is batching), None)
 
 
 def hpa_gpu_target_of(name: str) -> float:
@@ -241,20 +267,37 @@ def hpa_gpu_target_of(name: str) -> float:
     except ValueError:
         pct = math.nan
     if not 0 < pct <= 100:
-        raise CompareError(f"policy {name!r}: the target after '@' must be a percentage in (0, 100]")
+        raise CompareError(f"policy {name!r}: the target after '@' must be a percentage in (0, 100] or 'best'")
     return pct / 100.0
+
+
+def expand_policies(policies: Sequence[str]) -> list[str]:
+    """``policies`` with :data:`BASELINES_ALIAS` replaced by every baseline policy (first occurrences kept)."""
+    out: list[str] = []
+    for p in policies:
+        for name in BASELINE_POLICIES if p == BASELINES_ALIAS else (p,):
+            if name not in out:
+                out.append(name)
+    return out
 
 
 def check_policies(policies: Sequence[str]) -> None:
     """Raises CompareError naming the first unknown policy and the choices."""
-    for p in policies:
-        if p.startswith("hpa-gpu@"):
-            hpa_gpu_target_of(p)
-    unknown = [p for p in policies if p not in POLICIES and not p.startswith("hpa-gpu@")]
-    if unknown:
-        raise CompareError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
     if not policies:
         raise CompareError(f"no policy given; choose from {', '.join(POLICIES)}")
+    for p in expand_policies(policies):
+        kind = parse_policy(p).scaler
+        if kind.startswith("hpa-gpu@") and kind != "hpa-gpu@best":
+            hpa_gpu_target_of(p)
+        elif kind not in POLICIES and kind != "hpa-gpu@best":
+            raise CompareError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+
+
+def _check_options(opts: Options) -> None:
+    if not 0 < opts.hpa_gpu_target <= 1:
+        raise CompareError(f"hpa_gpu_target={opts.hpa_gpu_target} must be in (0, 1]")
+    if opts.balancing not in BALANCING:
+        raise CompareError(f"balancing={opts.balancing!r}: choose from {', '.join(BALANCING)}")
 
 
 def compare(
@@ -271,41 +314,78 @@ def compare(
     Args:
         spec: the BatchedModel spec (profile required).
         trace: the arrivals.
-        policies: names from :data:`POLICIES`.
+        policies: names from :data:`POLICIES`, ``hpa-gpu@<percent>``, ``hpa-gpu@best``, baselines
+            (``<configuration>/<autoscaler>``) or :data:`BASELINES_ALIAS`.
         options: fleet settings.
         setup: a prepared setup (from :func:`prepare`) to reuse.
         progress: called with (policy, simulated seconds) while a policy runs.
 
     Raises:
-        CompareError: unknown policy, no profile, infeasible plan.
+        CompareError: unknown policy, no profile, infeasible plan, a baseline the model cannot run.
+
+    Long because each policy's fleet (its batching configuration, capacity, first count) is assembled here,
+    and an ``@best`` policy is a search over runs that share the cache of runs by target.
     """
     opts = options or Options()
-    if not 0 < opts.hpa_gpu_target <= 1:
-        raise CompareError(f"hpa_gpu_target={opts.hpa_gpu_target} must be in (0, 1]")
+    _check_options(opts)
     check_policies(policies)
+    names = expand_policies(policies)
     st = setup or prepare(spec, seed=opts.seed)
     minutes = arrivals_per_minute(trace)
     rates = minute_rates(minutes, trace.duration_s)
-    static = static_peak_replicas(minutes, trace.duration_s, st.capacity_rps)
     s = spec.scaling
-    initial = replicas_for(float(rates[0]), st.capacity_rps, s.targetUtilization, max(1, s.minReplicas), s.maxReplicas)
-    runs = []
-    for name in policies:
-        auto = make_autoscaler(name, st, opts, static)
+    plan_conf = (st.batcher, st.latency_ms, st.capacity_rps)
+    confs: dict[Batching, Configuration] = {}
+    hpa_runs: dict[tuple[Batching | None, float], FleetRun] = {}
+    best_targets: dict[str, float] = {}
+
+    def fleet(batching: Batching | None, name: str, auto: Autoscaler, static: bool) -> FleetRun:
+        batcher, table, capacity = plan_conf
+        if batching is not None:
+            conf = confs[batching]
+            batcher, table, capacity = conf.batcher, conf.latency_ms, conf.capacity_rps
+        peak = static_peak_replicas(minutes, trace.duration_s, capacity)
+        first = replicas_for(float(rates[0]), capacity, s.targetUtilization, max(1, s.minReplicas), s.maxReplicas)
         config = FleetConfig(
-            batcher=st.batcher,
-            latency_ms=st.latency_ms,
+            batcher=batcher,
+            latency_ms=table,
             budget_ms=st.plan.serverBudgetMs,
             gpus_per_replica=st.gpus_per_replica,
-            initial_replicas=static if name == "static-peak" else initial,
+            initial_replicas=peak if static else first,
             startup_s=opts.startup_s,
             tick_s=opts.tick_s,
             scrape_s=opts.scrape_s,
             window_s=opts.window_s,
             warmup_s=opts.window_s,  # the fleet starts Ready at the first minute's need, with no signal history
+            balancing=opts.balancing,
+            balancing_seed=opts.seed,
         )
-        report = None if progress is None else (lambda t, n=name: progress(n, t))
-        runs.append(simulate_fleet(trace, config, auto, progress=report))
+        report = None if progress is None else (lambda t: progress(name, t))
+        return simulate_fleet(trace, config, auto, progress=report)
+
+    def hpa_at(batching: Batching | None, name: str, target: float) -> FleetRun:
+        if (batching, target) not in hpa_runs:
+            auto = HorizontalPodAutoscaler(name, gpu_utilization_metric(target), s.minReplicas, s.maxReplicas)
+            hpa_runs[(batching, target)] = fleet(batching, name, auto, static=False)
+        return replace(hpa_runs[(batching, target)], policy=name)
+
+    runs = []
+    for name in names:
+        parsed = parse_policy(name)
+        if parsed.batching is not None and parsed.batching not in confs:
+            confs[parsed.batching] = configuration(parsed.batching, spec, st.plan, seed=opts.seed)
+        if parsed.scaler == "hpa-gpu@best":
+            target, run = best_hpa_target(partial(hpa_at, parsed.batching, name))
+            best_targets[name] = target
+            runs.append(replace(run, policy=name))
+            continue
+        if parsed.scaler == "hpa-gpu" or parsed.scaler.startswith("hpa-gpu@"):
+            target = opts.hpa_gpu_target if parsed.scaler == "hpa-gpu" else hpa_gpu_target_of(parsed.scaler)
+            runs.append(hpa_at(parsed.batching, name, target))
+            continue
+        capacity = confs[parsed.batching].capacity_rps if parsed.batching is not None else st.capacity_rps
+        auto = make_autoscaler(name, st, opts, static_peak_replicas(minutes, trace.duration_s, capacity))
+        runs.append(fleet(parsed.batching, name, auto, static=parsed.scaler == "static-peak"))
     gpus = st.gpus_per_replica
     return Comparison(
         setup=st,
@@ -316,8 +396,10 @@ def compare(
         fractional_bound_gpu_seconds=lower_bound_gpu_seconds(
             minutes, st.capacity_rps, gpus, duration_s=trace.duration_s, whole_replicas=False
         ),
-        static_replicas=static,
+        static_replicas=static_peak_replicas(minutes, trace.duration_s, st.capacity_rps),
         peak_rps=float(rates.max()),
         mean_rps=float(minutes.sum()) / trace.duration_s,
         options=opts,
+        baselines=tuple(confs.values()),
+        best_targets=best_targets,
     )

@@ -6,8 +6,8 @@ What is modelled, and the reason for each choice:
   GPU). A replica created at ``t`` holds its GPUs from ``t`` and serves from ``t + startup_s`` (pod scheduling,
   image start, model load); GPU time is charged from creation to the end of its last execution after removal.
 * **Load balancing** is round robin over Ready, not terminating replicas (a Service's endpoints), one request
-  at a time, in arrival order. While no replica is Ready, arrivals are refused (a Service without endpoints)
-  and count as outside the SLA.
+  at a time, in arrival order, or a random pick per request (:mod:`batchfill.sim.routing`). While no replica
+  is Ready, arrivals are refused (a Service without endpoints) and count as outside the SLA.
 * **Scale-in** removes replicas the way a ReplicaSet picks victims: not Ready before Ready, then the most
   recently Ready first. A removed replica leaves the endpoints at once and drains its queue (Triton finishes
   in-flight requests on SIGTERM).
@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from batchfill.sim.batcher import BatcherConfig
 from batchfill.sim.replica import Interval, ReplicaBatcher
+from batchfill.sim.routing import BALANCING, RANDOM, ROUND_ROBIN, random_shares
 from batchfill.sim.traces import Trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -71,6 +72,8 @@ class FleetConfig:
         p99_window_s: window of Triton's latency summary, seconds.
         max_replicas: hard cap on replicas, whatever the autoscaler asks.
         warmup_s: no autoscaler call before this time, seconds (the count stays ``initial_replicas``).
+        balancing: ``"round-robin"`` or ``"random"`` (:mod:`batchfill.sim.routing`).
+        balancing_seed: seed of the random picks (``"random"`` only).
     """
 
     batcher: BatcherConfig
@@ -85,8 +88,12 @@ class FleetConfig:
     p99_window_s: float = 60.0
     max_replicas: int = 10_000
     warmup_s: float = 0.0
+    balancing: str = ROUND_ROBIN
+    balancing_seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.balancing not in BALANCING:
+            raise ValueError(f"FleetConfig.balancing={self.balancing!r}: choose from {', '.join(BALANCING)}")
         for name in ("budget_ms", "tick_s", "scrape_s", "window_s", "p99_window_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -291,6 +298,7 @@ def simulate_fleet(  # noqa: C901 (the simulator's event loop)
 
     requests = within = refused = scale_events = 0
     rr = 0  # round-robin position
+    picks = np.random.default_rng(cfg.balancing_seed) if cfg.balancing == RANDOM else None
     ticks: list[TickRecord] = []
     peak = len(replicas)
     tick_lats: list[FloatArray] = []
@@ -310,8 +318,12 @@ def simulate_fleet(  # noqa: C901 (the simulator's event loop)
         n = len(serving)
         if n == 0:
             refused += len(arrivals_s)
+        shares = random_shares(arrivals_s, n, picks) if picks is not None and n else None
         for j, rep in enumerate(serving):
-            mine = arrivals_s[(j - rr) % n :: n] * 1000.0 if n else arrivals_s[:0]
+            if shares is not None:
+                mine = shares[j] * 1000.0
+            else:
+                mine = arrivals_s[(j - rr) % n :: n] * 1000.0 if n else arrivals_s[:0]
             record(rep, t0, t1, rep.batcher.advance(mine, t1 * 1000.0))
         if n:
             rr = (rr + len(arrivals_s)) % n
