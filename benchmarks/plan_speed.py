@@ -1,4 +1,4 @@
-"""Planning throughput: today's planner against the frozen old one (benchmarks/plan_baseline/), side by side.
+"""Planning throughput: today's planner against the old one (benchmarks/plan_baseline.py), side by side.
 
 Plans ``--specs`` distinct generated specs (benchmarks/plan_specs.py: seeded, varied profile shapes, noise, SLAs,
 network overheads, batch limits and overrides) with both planners in one process and prints, per spec, both
@@ -28,7 +28,7 @@ from rich.table import Table
 from batchfill.api.errors import InfeasibleSLAError, SpecError
 from batchfill.api.validate import load_model
 from batchfill.policy import plan as new_plan
-from plan_baseline import plan as old_plan
+from plan_baseline import BaselineUnavailableError, load
 from plan_specs import spec_documents
 
 TARGET_1000_S = 60.0
@@ -90,6 +90,11 @@ def main() -> int:
     if not specs:
         console.print("no valid specs generated")
         return 1
+    try:
+        old_plan = load()
+    except BaselineUnavailableError as e:
+        console.print(f"the old planner cannot be loaded from git history: {e}")
+        return 2
     t0 = time.perf_counter()
     run(new_plan, specs[0][1])
     warmup_s = time.perf_counter() - t0
@@ -118,7 +123,7 @@ def main() -> int:
     summary = Table(title="totals")
     for col in ("planner", "total s", "mean s/spec", "median s", "max s", "projected 1,000 specs s"):
         summary.add_column(col, justify="right")
-    summary.add_row("old (frozen copy)", f"{old_total:.2f}", f"{old_total / len(specs):.4f}",
+    summary.add_row("old (099221c)", f"{old_total:.2f}", f"{old_total / len(specs):.4f}",
                     f"{statistics.median(old_times):.4f}", f"{max(old_times):.3f}",
                     f"{1000 * old_total / len(specs):.0f}")  # fmt: skip
     summary.add_row("new", f"{new_total:.2f}", f"{new_total / len(specs):.4f}", f"{statistics.median(new_times):.4f}",
