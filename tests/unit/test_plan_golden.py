@@ -3,7 +3,8 @@
 ``golden/plans_before_numba.json`` holds 46 specs (the two examples and 44 drawn by benchmarks/plan_specs.py with
 seed 11: profile shapes, noise, SLAs, network overheads, batch limits, overrides, GPUs per replica, Direct
 sequences, batching off) with the seed each is planned with and what the planner of commit 099221c (which
-benchmarks/plan_baseline.py loads from git history) chose: max batch size, preferred sizes and queue delay, capacity at SLA, or the error.
+benchmarks/plan_baseline.py loads from git history) chose: max batch size, preferred sizes and queue delay,
+capacity at SLA, or the error.
 Generated once from that planner; a change that moves any plan fails here.
 """
 

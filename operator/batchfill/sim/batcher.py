@@ -156,8 +156,9 @@ def _run(
 
     Returns (batch start times ms, batch sizes, latency of each dispatched request ms, completed, violations).
     The arithmetic is the same IEEE double operations in the same order as the pure-Python loop it replaced
-    (``sim/batcher.py`` of commit 099221c, which benchmarks/plan_baseline.py loads), so the results are bit-identical: the earliest free executor is the
-    minimum of ``free`` (what a heap pop returns), and the sorted arrivals are scanned where that loop bisected.
+    (``sim/batcher.py`` of commit 099221c, which benchmarks/plan_baseline.py loads), so the results are
+    bit-identical: the earliest free executor is the minimum of ``free`` (what a heap pop returns), and the sorted
+    arrivals are scanned where that loop bisected.
     """
     n = a.shape[0]
     free = np.zeros(executors)
