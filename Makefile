@@ -38,7 +38,7 @@ setup: $(STAMP)
 
 # The real Kubernetes control plane (etcd, kube-apiserver, scheduler, controller-manager, kubectl, kwok) and
 # helm, built from Go modules into ~/.cache/batchfill/k8s (outside the repo; rebuilt only when missing).
-# A cold build takes about 15 minutes on 2 cores (917 s measured). The fake-GPU device plugin (tools/fake-gpu-plugin/) is
+# A cold build takes 15-25 minutes on 2 cores (917 s idle, 1,502 s on a busy machine). The fake-GPU device plugin (tools/fake-gpu-plugin/) is
 # rebuilt there whenever its source changes (seconds).
 tools:
 	scripts/build-k8s.sh

@@ -189,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="working directory (default ~/.local/state/batchfill/demo; with --real-nodes /var/tmp/bf-demo)",
     )
     m.add_argument("--load", type=float, default=0.7, help="offered load per pod, fraction of capacity (default 0.7)")
-    m.add_argument("--duration", type=float, default=15.0, help="seconds of Poisson load (default 15)")
+    m.add_argument(
+        "--duration", type=float, default=15.0, help="seconds of load (default 15; at least 40 with --real-nodes)"
+    )
     m.add_argument("--keep", action="store_true", help="stay up after the report until Ctrl-C")
     m.add_argument("--seed", type=int, default=0, help="seed of the load (default 0)")
     m.add_argument(

@@ -274,6 +274,7 @@ def run_real(options: DemoOptions, work: Path, shutdown: Shutdown, console: Cons
     measured = measure_example_profile(example, work / "profile", console, seed=options.seed)
     example = with_profile(example, measured)
     _deploy_example(kubeconfig, work, example, None)
+    applied_at = time.monotonic()
     console.log(f"kubectl apply --server-side -f {EXAMPLE.relative_to(ROOT)}, with the profile measured here")
     api = shutdown.enter(devcluster.api_client(kubeconfig), "close the API client", 5.0)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
@@ -287,7 +288,9 @@ def run_real(options: DemoOptions, work: Path, shutdown: Shutdown, console: Cons
         console,
         lambda: _kubectl(kubeconfig, "get", "pods,events", "-n", ns, "-o", "wide", check=False),
     )
-    console.log(f"Triton pod(s) Ready after {time.monotonic() - t0:.0f} s: {', '.join(sorted(found))}")
+    now = time.monotonic()
+    console.log(f"Triton pod(s) Ready {now - applied_at:.0f} s after the apply ({now - t0:.0f} s into the demo): "
+                f"{', '.join(sorted(found))}")  # fmt: skip
     pod = api.sanitize_for_serialization(core.read_namespaced_pod(next(iter(found)), ns))
     config_name = template_config_name(pod["spec"]) or ""
     config_pbtxt = str((core.read_namespaced_config_map(config_name, ns).data or {})["config.pbtxt"])

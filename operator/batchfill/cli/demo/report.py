@@ -48,6 +48,7 @@ def report(
         "-n",
         ns,
         f"--field-selector=involvedObject.name={name}",
+        "--sort-by=.lastTimestamp",
         "-o",
         "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message",
     )
