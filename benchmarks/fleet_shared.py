@@ -3,7 +3,8 @@
 Fleet: ``--models`` models (default 50) with Zipf(1) popularity, 2,000 req/s in all on average, three profiles and
 SLAs in turn (the seed example's, a fast and a slow one: :data:`KINDS`), each with a diurnal rate (peak/trough 3,
 its own phase) times log-normal noise per period (σ = 0.1). The day is cut into ``--period-min`` periods (default
-30 min). In each period:
+30 min). In each period (the loop is :func:`batchfill.compare.shared_fleet.replan_fleet`, also behind
+``batchfill simulate --fleet``):
 
 * the plan sees the *previous* period's rates (what the operator measured), at design rate λ / 0.85;
   the joint plan (:func:`batchfill.policy.placement.plan_placement`) keeps its placement in force unless
@@ -25,7 +26,6 @@ Run: .venv/bin/python benchmarks/fleet_shared.py [--models 50] [--quick] [--docs
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import time
 from dataclasses import dataclass
@@ -37,11 +37,16 @@ from matplotlib.figure import Figure
 
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.validate import load_model
-from batchfill.policy.placement import ModelDemand, Placement, plan_placement
-from batchfill.policy.plan import PlanResult, plan_batching
-from batchfill.policy.profile import LatencyProfile
-from batchfill.sim.batcher import simulate_batcher
-from batchfill.sim.shared import SharedModel, simulate_shared
+from batchfill.compare.shared_fleet import (
+    SECONDS_PER_DAY,
+    WARMUP_S,
+    FleetModels,
+    FleetRun,
+    attainment,
+    diurnal_rates,
+    replan_fleet,
+)
+from batchfill.policy.plan import plan_batching
 
 ROOT = Path(__file__).resolve().parents[1]
 #: kind -> (profile points (batch, ms), SLA p99 ms, network overhead ms)
@@ -58,7 +63,6 @@ FORECASTS = ("previous", "oracle")
 TOTAL_RPS = 2000.0
 PEAK_TROUGH = 3.0
 NOISE_SIGMA = 0.1
-WARMUP_S = 10.0
 GPU_MEMORY_MIB = 16_384.0
 #: issue targets: GPU-hours against the fractional bound and against one model per GPU; worst model's attainment
 TARGET_X_BOUND = 1.25
@@ -84,11 +88,13 @@ def spec_of(kind: str, name: str) -> BatchedModelSpec:
 
 @dataclass(frozen=True)
 class Fleet:
-    names: list[str]
+    models: FleetModels
     kinds: list[str]
-    specs: dict[str, BatchedModelSpec]
-    plans: dict[str, PlanResult]
     rates: np.ndarray  # [period, model] true mean rate, req/s
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.models.names
 
 
 def make_fleet(models: int, periods: int, seed: int) -> Fleet:
@@ -97,135 +103,44 @@ def make_fleet(models: int, periods: int, seed: int) -> Fleet:
     names = [f"{k}-{i:02d}" for i, k in enumerate(kinds)]
     popularity = 1.0 / np.arange(1, models + 1)
     mean = TOTAL_RPS * popularity / popularity.sum()
-    amplitude = (PEAK_TROUGH - 1) / (PEAK_TROUGH + 1)
-    phase = rng.uniform(0, 2 * math.pi, size=models)
-    t = (np.arange(periods) + 0.5) / periods * 2 * math.pi
-    shape = 1 + amplitude * np.sin(t[:, None] + phase[None, :])
-    noise = rng.lognormal(-(NOISE_SIGMA**2) / 2, NOISE_SIGMA, size=(periods, models))
+    rates = diurnal_rates(
+        mean.tolist(), periods, SECONDS_PER_DAY / periods, peak_to_trough=PEAK_TROUGH, noise_sigma=NOISE_SIGMA, rng=rng
+    )
     specs = {n: spec_of(k, n) for n, k in zip(names, kinds, strict=True)}
     by_kind = {k: plan_batching(spec_of(k, k)) for k in KINDS}
     plans = {n: by_kind[k] for n, k in zip(names, kinds, strict=True)}
-    return Fleet(names, kinds, specs, plans, mean[None, :] * shape * noise)
-
-
-def _arrivals(rate_rps: float, seconds: float, rng: np.random.Generator) -> np.ndarray:
-    n = rng.poisson(rate_rps * seconds)
-    return np.sort(rng.uniform(0.0, seconds * 1000.0, size=n))
-
-
-def _counted(arr: np.ndarray, lat: np.ndarray, budget: float) -> tuple[int, int]:
-    keep = arr >= WARMUP_S * 1000.0
-    return int(keep.sum()), int(np.count_nonzero(lat[keep] <= budget))
-
-
-def serve_shared(
-    fleet: Fleet, p: Placement, true: dict[str, float], sample_s: float, rng: np.random.Generator
-) -> dict[str, list[int]]:
-    """Per model [requests, within budget] of one period, the placement serving the true rates."""
-    out = {n: [0, 0] for n in fleet.names}
-    span = sample_s + WARMUP_S
-    for s in p.shared:
-        models, arrivals = [], []
-        for name in s.tenants:
-            m, plan = p.model(name), fleet.plans[name]
-            share = m.shared_rate_rps / m.design_rate_rps if m.design_rate_rps > 0 else 1.0
-            table = LatencyProfile.from_points(fleet.specs[name].profile or []).table(m.config.batcher.batch_cap)
-            models.append(SharedModel(m.config.batcher, tuple(table), plan.server_budget_ms))
-            arrivals.append(_arrivals(true[name] * share, span, rng))
-        run = simulate_shared(arrivals, models)
-        for name, arr, lat, sm in zip(s.tenants, arrivals, run.latencies_ms, models, strict=True):
-            n, ok = _counted(arr, lat, sm.budget_ms)
-            out[name][0] += n
-            out[name][1] += ok
-    for m in p.models:
-        if m.dedicated_gpus:
-            rate = true[m.name] * m.capacity_rps / m.design_rate_rps
-            n, ok = _one_replica(fleet, m.name, rate, span, rng)
-            out[m.name][0] += n * m.dedicated_gpus
-            out[m.name][1] += ok * m.dedicated_gpus
-    return out
-
-
-def _one_replica(fleet: Fleet, name: str, rate: float, span: float, rng: np.random.Generator) -> tuple[int, int]:
-    plan = fleet.plans[name]
-    table = LatencyProfile.from_points(fleet.specs[name].profile or []).table(plan.chosen.batcher.batch_cap)
-    arr = _arrivals(rate, span, rng)
-    run = simulate_batcher(arr.tolist(), plan.chosen.batcher, table)
-    return _counted(arr, run.latencies_ms, plan.server_budget_ms)
-
-
-def serve_one_per_gpu(
-    fleet: Fleet, seen: dict[str, float], true: dict[str, float], sample_s: float, rng: np.random.Generator
-) -> tuple[int, dict[str, list[int]]]:
-    """GPUs of one model per GPU sized on the seen rates, and per model [requests, within budget] at the true."""
-    gpus = 0
-    out: dict[str, list[int]] = {}
-    for name in fleet.names:
-        c = fleet.plans[name].chosen.capacity_rps
-        u = fleet.specs[name].scaling.targetUtilization
-        n = max(1, math.ceil(seen[name] / (u * c) - 1e-9))
-        gpus += n
-        k, ok = _one_replica(fleet, name, true[name] / n, sample_s + WARMUP_S, rng)
-        out[name] = [k * n, ok * n]
-    return gpus, out
+    memory = {n: MEMORY_MIB[k] for n, k in zip(names, kinds, strict=True)}
+    return Fleet(FleetModels(tuple(names), specs, plans, memory), kinds, rates)
 
 
 def run(models: int, periods: int, sample_s: float, seed: int, forecast: str) -> dict[str, Any]:
-    """Long because it is the day's loop, period by period, for both placements and the bound."""
+    """The day's loop (batchfill.compare.shared_fleet.replan_fleet), planned on the previous period's rates or the
+    period's own (oracle)."""
     fleet = make_fleet(models, periods, seed)
-    rng = np.random.default_rng(seed + 1)
-    hours = 24.0 / periods
-    current: Placement | None = None
-    shared_gpus, single_gpus, bound, moves, plan_s = [], [], [], 0, []
-    dedicated, fill = [], []  # per period: dedicated GPUs; mean Σ design load / C over the shared GPUs
-    att_shared = {n: [0, 0] for n in fleet.names}
-    att_single = {n: [0, 0] for n in fleet.names}
-    for k in range(periods):
-        planned_on = fleet.rates[k] if forecast == "oracle" else fleet.rates[k - 1 if k else 0]
-        seen = dict(zip(fleet.names, planned_on, strict=True))
-        true = dict(zip(fleet.names, fleet.rates[k], strict=True))
-        demands = [ModelDemand(n, fleet.specs[n], seen[n], MEMORY_MIB[n.split("-")[0]]) for n in fleet.names]
-        t0 = time.perf_counter()
-        current = plan_placement(demands, GPU_MEMORY_MIB, current=current, seed=seed, solo_plans=fleet.plans)
-        plan_s.append(time.perf_counter() - t0)
-        moves += current.moves
-        shared_gpus.append(current.gpus)
-        dedicated.append(current.dedicated_gpus)
-        loads = [sum(r / current.model(n).capacity_rps for n, r in zip(g.tenants, g.rates_rps, strict=True))
-                 for g in current.shared]  # fmt: skip
-        fill.append(float(np.mean(loads)) if loads else 0.0)
-        for n, (c, ok) in serve_shared(fleet, current, true, sample_s, rng).items():
-            att_shared[n][0] += c
-            att_shared[n][1] += ok
-        g, per = serve_one_per_gpu(fleet, seen, true, sample_s, rng)
-        single_gpus.append(g)
-        for n, (c, ok) in per.items():
-            att_single[n][0] += c
-            att_single[n][1] += ok
-        bound.append(sum(true[n] / fleet.plans[n].chosen.capacity_rps for n in fleet.names))
-        print(f"{forecast} period {k + 1}/{periods}: shared {current.gpus} GPUs, one per GPU {g}, "
-              f"bound {bound[-1]:.1f}, moves {current.moves}, plan {plan_s[-1]:.1f} s", flush=True)  # fmt: skip
+    planned = fleet.rates if forecast == "oracle" else np.vstack([fleet.rates[:1], fleet.rates[:-1]])
+
+    def progress(k: int, r: FleetRun) -> None:
+        print(f"{forecast} period {k + 1}/{periods}: shared {r.shared_gpus[-1]} GPUs, one per GPU "
+              f"{r.single_gpus[-1]}, bound {r.bound[-1]:.1f}, moves {r.moves[-1]}, plan {r.plan_s[-1]:.1f} s",
+              flush=True)  # fmt: skip
+
+    r = replan_fleet(
+        fleet.models, fleet.rates, planned, period_s=SECONDS_PER_DAY / periods, sample_s=sample_s,
+        gpu_memory_mib=GPU_MEMORY_MIB, seed=seed, clock=time.perf_counter, on_period=progress,
+    )  # fmt: skip
     return {
         "fleet": fleet,
-        "hours": hours,
-        "shared_gpus": shared_gpus,
-        "single_gpus": single_gpus,
-        "bound": bound,
-        "moves": moves,
-        "plan_s": plan_s,
-        "dedicated": dedicated,
-        "fill": fill,
-        "att_shared": att_shared,
-        "att_single": att_single,
+        "hours": r.period_h,
+        "shared_gpus": r.shared_gpus,
+        "single_gpus": r.single_gpus,
+        "bound": r.bound,
+        "moves": sum(r.moves),
+        "plan_s": r.plan_s,
+        "dedicated": r.dedicated_gpus,
+        "fill": r.fill,
+        "att_shared": r.attainment_shared,
+        "att_single": r.attainment_single,
     }
-
-
-def _attainment(att: dict[str, list[int]]) -> tuple[float, float, str]:
-    total = sum(c for c, _ in att.values())
-    ok = sum(o for _, o in att.values())
-    worst = min(att, key=lambda n: att[n][1] / att[n][0] if att[n][0] else 1.0)
-    w = att[worst][1] / att[worst][0] if att[worst][0] else 1.0
-    return ok / total if total else 1.0, w, worst
 
 
 #: Where the targets are missed and why (figures quoted from the tables above when the page is generated).
@@ -259,8 +174,8 @@ def _section(r: dict[str, Any], forecast: str) -> list[str]:
     """One forecast's table and the issue's targets."""
     h = r["hours"]
     gh_shared, gh_single, gh_bound = (sum(r[k]) * h for k in ("shared_gpus", "single_gpus", "bound"))
-    agg_s, worst_s, who_s = _attainment(r["att_shared"])
-    agg_1, worst_1, who_1 = _attainment(r["att_single"])
+    agg_s, worst_s, who_s = attainment(r["att_shared"])
+    agg_1, worst_1, who_1 = attainment(r["att_single"])
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
