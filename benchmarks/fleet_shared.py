@@ -42,6 +42,7 @@ from batchfill.compare.shared_fleet import (
     WARMUP_S,
     FleetModels,
     FleetRun,
+    FloatArray,
     attainment,
     diurnal_rates,
     replan_fleet,
@@ -90,7 +91,7 @@ def spec_of(kind: str, name: str) -> BatchedModelSpec:
 class Fleet:
     models: FleetModels
     kinds: list[str]
-    rates: np.ndarray  # [period, model] true mean rate, req/s
+    rates: FloatArray  # [period, model] true mean rate, req/s
 
     @property
     def names(self) -> tuple[str, ...]:

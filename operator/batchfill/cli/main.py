@@ -43,7 +43,10 @@ def cmd_simulate(args: argparse.Namespace, out: Console, err: Console) -> int:
     """A BatchedModel against a trace under batchfill's policy and the baselines (fleet simulator)."""
     if _without_extra("simulate", "simulate", err):
         return EXIT_USAGE
-    from batchfill.cli.simulate import command
+    if args.fleet or args.fleet_trace:
+        from batchfill.cli.simulate_fleet import command
+    else:
+        from batchfill.cli.simulate import command
 
     return command(args, out, err)
 
@@ -294,21 +297,55 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPU-hours and SLO attainment of batchfill's autoscaling against HPA, KEDA, static peak and the lower "
         "bound, on a simulated fleet and trace",
     )
-    sim.add_argument("file", help="BatchedModel YAML with spec.profile")
+    sim.add_argument(
+        "file", help="BatchedModel YAML with spec.profile; with --fleet several (a file of documents or a folder)"
+    )
+    sim.add_argument(
+        "--fleet",
+        action="store_true",
+        help="several models on shared GPUs over time, placement re-planned as rates move (batchfill plan --rate)",
+    )
+    sim.add_argument(
+        "--fleet-trace", choices=("diurnal",), default=None,
+        help="fleet (implies --fleet): per-model diurnal rates, each its own seeded phase (default without --rates)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--replan-minutes", type=float, default=30.0,
+        help="fleet: re-plan the placement every this many minutes, on the previous period's rates (default 30)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sample-seconds", type=float, default=60.0,
+        help="fleet: seconds simulated per period after a 10 s warm-up, at most 600 (default 60)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--gpu-memory-mib", type=float, default=16_384.0, help="fleet: memory of one GPU, MiB (default 16384)"
+    )
+    sim.add_argument(
+        "--memory", action="append", metavar="NAME=MIB",
+        help="fleet: GPU memory the model holds when loaded, MiB (default 2048)",
+    )  # fmt: skip
     sim.add_argument("--trace", choices=TRACES, default="diurnal", help="traffic shape (default diurnal)")
     sim.add_argument(
         "--mean-rps",
         type=float,
         default=None,
-        help="mean (spike/step: base) rate, req/s (default 40%% of maxReplicas x capacity)",
+        help="mean (spike/step: base) rate, req/s (default 40%% of maxReplicas x capacity; fleet: every model's, "
+        "default half its capacity)",
     )
-    sim.add_argument("--duration", default=None, help="trace length: 3600, 90m, 24h (default 24h diurnal, else 1h)")
+    sim.add_argument(
+        "--duration", default=None,
+        help="trace length: 3600, 90m, 24h (default 24h diurnal, else 1h; fleet: 24h or --rates' length, at most 7d)",
+    )  # fmt: skip
     sim.add_argument("--peak-to-trough", type=float, default=5.0, help="diurnal peak/trough ratio (default 5)")
     sim.add_argument("--cv", type=float, default=4.0, help="bursty: CV of Gamma inter-arrival times (default 4)")
     sim.add_argument("--peak-rps", type=float, default=None, help="spike/step: peak rate, req/s (default 3 x mean)")
     sim.add_argument("--start", default=None, help="spike/step: start time (default a third of the trace)")
     sim.add_argument("--length", default=None, help="spike: length (default a sixth of the trace)")
-    sim.add_argument("--rates", default=None, help="replay: per-minute rate file (req/s per line, or minute,rps)")
+    sim.add_argument(
+        "--rates", default=None,
+        help="replay: per-minute rate file (req/s per line, or minute,rps); fleet: YAML/JSON mapping of model name to "
+        "a list of req/s per minute",
+    )  # fmt: skip
     sim.add_argument(
         "--policies",
         default=",".join(POLICIES),
