@@ -31,7 +31,7 @@ from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, read_text
 from batchfill.cli.placement import _pairs, fleet_documents
 from batchfill.cli.simulate import _wide, parse_duration
 from batchfill.compare.shared_fleet import FleetModels, FleetRun, attainment, diurnal_rates, replan_fleet
-from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB
+from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB, DEFAULT_SERVER_OVERHEAD_MIB
 from batchfill.policy.plan import plan_batching
 from batchfill.sim.traces import MAX_RATE_RPS
 
@@ -136,8 +136,9 @@ def _check_numbers(args: argparse.Namespace, duration_s: float | None) -> list[P
         problems.append(Problem("--peak-to-trough", f"={args.peak_to_trough:g} must be finite and >= 1"))
     if args.seed < 0:
         problems.append(Problem("--seed", f"={args.seed} must be >= 0"))
-    if not (args.gpu_memory_mib > 0 and math.isfinite(args.gpu_memory_mib)):
-        problems.append(Problem("--gpu-memory-mib", f"={args.gpu_memory_mib:g} must be a finite number of MiB > 0"))
+    if not (args.gpu_memory_mib > DEFAULT_SERVER_OVERHEAD_MIB and math.isfinite(args.gpu_memory_mib)):
+        why = f"={args.gpu_memory_mib:g} must be finite and over the server's own {DEFAULT_SERVER_OVERHEAD_MIB:g} MiB"
+        problems.append(Problem("--gpu-memory-mib", why))
     if duration_s is not None and duration_s > MAX_DURATION_S:
         problems.append(Problem("--duration", f"={args.duration} is over the {MAX_DURATION_S / 86400:g} days allowed"))
     return problems
@@ -164,7 +165,8 @@ def _rates(
         why = f"={duration / 60:g} min must be a whole number (>= 1) of --replan-minutes={args.replan_minutes:g}"
         return None, 0.0, "", [Problem("--duration", why)]
     if round(periods) > MAX_PERIODS:
-        return None, 0.0, "", [Problem("--replan-minutes", f"makes {round(periods)} periods, over the {MAX_PERIODS}")]
+        why = f"={args.replan_minutes:g} makes {round(periods)} periods of the duration, over the {MAX_PERIODS} allowed"
+        return None, 0.0, "", [Problem("--replan-minutes", why)]
     n = round(periods)
     if args.rates:
         return _period_means(series, fleet.names, n, args.replan_minutes), duration, f"rates from {args.rates}", []
@@ -269,22 +271,19 @@ def command(args: argparse.Namespace, out: Console, err: Console) -> int:
             err_line(err, str(q))
         return EXIT_USAGE
     planned = np.vstack([true[:1], true[:-1]])
-    with Progress(TextColumn("fleet"), BarColumn(), TextColumn("period {task.completed}/{task.total}"),
-                  console=err, transient=True) as bar:  # fmt: skip
-        task = bar.add_task("fleet", total=len(true))
-        try:
+    try:
+        with Progress(TextColumn("fleet"), BarColumn(), TextColumn("period {task.completed}/{task.total}"),
+                      console=err, transient=True, disable=not err.is_terminal) as bar:  # fmt: skip
+            task = bar.add_task("fleet", total=len(true))
             run = replan_fleet(
                 fleet, true, planned, period_s=args.replan_minutes * 60.0, sample_s=args.sample_seconds,
                 gpu_memory_mib=args.gpu_memory_mib, seed=args.seed,
                 on_period=lambda k, _: bar.update(task, completed=k + 1),
             )  # fmt: skip
-        except SpecError as e:
-            for q in e.problems:
-                err_line(err, str(q))
-            return EXIT_USAGE
-        except ValueError as e:  # the GPU memory does not exceed the server's overhead
-            err_line(err, f"--gpu-memory-mib: {e}")
-            return EXIT_USAGE
+    except SpecError as e:  # a model whose memory does not fit a GPU
+        for q in e.problems:
+            err_line(err, str(q))
+        return EXIT_USAGE
     doc = fleet_json(run, fleet, true, duration, trace)
     _print(doc, out)
     if args.json:
