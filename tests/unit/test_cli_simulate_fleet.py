@@ -132,6 +132,7 @@ def _rates_file(tmp_path: Path, content: Any) -> str:
         (["--memory", "big=lots"], "--memory"),
         (["--memory", "big=20000"], "big: memory=20000 MiB"),  # more than a GPU holds
         (["--duration", "7d", "--replan-minutes", "1"], "--replan-minutes"),  # 10,080 periods
+        (["--fleet-trace", "diurnal", "--rates", "r.yaml"], "--fleet-trace=diurnal and --rates"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(

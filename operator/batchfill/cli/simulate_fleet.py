@@ -136,6 +136,8 @@ def _check_numbers(args: argparse.Namespace, duration_s: float | None) -> list[P
         problems.append(Problem("--peak-to-trough", f"={args.peak_to_trough:g} must be finite and >= 1"))
     if args.seed < 0:
         problems.append(Problem("--seed", f"={args.seed} must be >= 0"))
+    if args.fleet_trace and args.rates:
+        problems.append(Problem("--fleet-trace", f"={args.fleet_trace} and --rates both give the rates: choose one"))
     if not (args.gpu_memory_mib > DEFAULT_SERVER_OVERHEAD_MIB and math.isfinite(args.gpu_memory_mib)):
         why = f"={args.gpu_memory_mib:g} must be finite and over the server's own {DEFAULT_SERVER_OVERHEAD_MIB:g} MiB"
         problems.append(Problem("--gpu-memory-mib", why))
@@ -225,8 +227,10 @@ def fleet_json(run: FleetRun, fleet: FleetModels, true_rps: Any, duration_s: flo
 
 
 def _print(doc: dict[str, Any], out: Console) -> None:
+    d = doc["durationSeconds"]
+    span = f"{d / 3600:g} h" if d >= 3600 else f"{d / 60:g} min"
     out.print(
-        f"[bold]{len(doc['models'])} models on shared GPUs, {doc['durationSeconds'] / 3600:g} h of {doc['trace']}, "
+        f"[bold]{len(doc['models'])} models on shared GPUs, {span} of {doc['trace']}, "
         f"re-planned every {doc['replanMinutes']:g} min[/bold]",
         highlight=False,
     )
