@@ -53,3 +53,24 @@ def test_recommendation_series_goes_when_the_load_is_unknown_and_with_the_model(
     assert sample("batchfill_recommended_replicas") == 0
     operator_metrics.forget(LABELS["namespace"], LABELS["name"])
     assert sample("batchfill_recommended_replicas") is None
+
+
+def test_a_scaling_tick_in_off_exports_what_auto_would_scale_to() -> None:
+    """The controller's tick in Off under a load of 1.5 replicas' worth (70 req/s over u x C = 0.8 x 58.4): the
+    recommendation is 2, the desired count stays the current 1 and no replica is written."""
+    from .test_controller_loops import HIGH, NS, SCALING_SPEC, T0, FakeKube, FakePrometheus, planned_model, scaling_loop
+
+    kube = FakeKube()
+    pods = planned_model(kube, "off", SCALING_SPEC, mode="Off")
+    prom = FakePrometheus()
+    prom.serve(pods, **HIGH)
+    try:
+        scaling_loop(kube, prom).tick(T0)
+        labels = {"namespace": NS, "name": "off"}
+        value = operator_metrics.REGISTRY.get_sample_value
+        assert value("batchfill_recommended_replicas", labels) == 2  # ceil(70 / 46.72)
+        assert value("batchfill_desired_replicas", labels) == 1
+        assert value("batchfill_capacity_per_replica", labels) == 58.4
+        assert not [c for c in kube.calls if c[0] == "scale_deployment"]
+    finally:
+        operator_metrics.forget(NS, "off")
