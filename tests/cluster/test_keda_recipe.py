@@ -173,13 +173,30 @@ def test_recipe_manifests_accepted_and_an_external_replica_count_is_left_alone(
         assert "appliedReplicas" not in status
         assert status["lastScaleReason"] == ScalingReason.SCALING_OFF
 
+        # a spec change re-plans and re-applies the Deployment: with the other manager's count
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, name, {"spec": {"sla": {"latencyP99Ms": 600}}}
+        )
+        bm = until(
+            "the new generation applied",
+            lambda: custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name),
+            lambda b: (b.get("status") or {}).get("observedGeneration") == b["metadata"]["generation"] > 1,
+            60,
+        )
+        new_capacity = bm["status"]["plan"]["capacityPerReplicaRps"]
+        assert new_capacity != capacity, "a new SLA, a new plan"
+        time.sleep(3 * INTERVAL_S)
+        assert kube.apps.read_namespaced_deployment(deployment, ns).spec.replicas == 3, "the re-apply reset replicas"
+
         samples = until(
             "the operator's gauges to see 3 replicas",
             lambda: operator_samples(operator),
-            lambda s: s.get(("batchfill_replicas", ns, name)) == 3,
+            lambda s: (
+                s.get(("batchfill_replicas", ns, name)) == 3
+                and s.get(("batchfill_capacity_per_replica", ns, name)) == pytest.approx(new_capacity)
+            ),
             30,
         )
-        assert samples[("batchfill_capacity_per_replica", ns, name)] == pytest.approx(capacity)
         assert samples[("batchfill_desired_replicas", ns, name)] == 3  # Off: desired is the current count
         # no Prometheus runs here: the load is unknown, so no recommendation an autoscaler would act on
         assert samples[("batchfill_metrics_available", ns, name)] == 0
