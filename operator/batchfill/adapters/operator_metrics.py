@@ -1,10 +1,14 @@
 """The operator's own Prometheus metrics (prometheus-client), served on ``/metrics`` of ``BATCHFILL_METRICS_PORT``.
 
-Per BatchedModel (labels ``namespace``, ``name``): desired and actual replicas, observed batch fill, queue time
-and p99, p99 headroom against the server budget T, scaling decisions by reason, and GPU-hours (replicas x GPUs per
-replica integrated over time) so cost sits next to latency. Reconcile durations by handler; the duration of each
-whole pass of the scaling and profiling loops (``loop`` label). A private registry, so
-importing this module twice (tests) registers nothing globally.
+Per BatchedModel (labels ``namespace``, ``name``): desired, recommended and actual replicas, observed batch fill,
+queue time and p99, p99 headroom against the server budget T, scaling decisions by reason, and GPU-hours (replicas x
+GPUs per replica integrated over time) so cost sits next to latency. Reconcile durations by handler; the duration of
+each whole pass of the scaling and profiling loops (``loop`` label). A private registry, so importing this module
+twice (tests) registers nothing globally.
+
+With ``scaling.mode`` Off the desired count is the current one (:func:`batchfill.policy.scaling.decide`), so an
+external autoscaler scales on the recommended replicas or on the capacity per replica instead (README "Keeping your
+autoscaler").
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ _REASONS: dict[tuple[str, str], set[str]] = {}  # decision reasons seen per mode
 _LABELS = ("namespace", "name")
 
 DESIRED = Gauge("batchfill_desired_replicas", "Replicas the scaling decision wants.", _LABELS, registry=REGISTRY)
+RECOMMENDED = Gauge(
+    "batchfill_recommended_replicas",
+    "Load-proportional replicas ceil(load / (targetUtilization x capacity at SLA)), load and capacity in req/s, "
+    "before bounds, tolerance and stabilization; in every scaling.mode (absent while the load is not measurable).",
+    _LABELS, registry=REGISTRY,
+)  # fmt: skip
 REPLICAS = Gauge("batchfill_replicas", "Triton replicas of the Deployment (spec).", _LABELS, registry=REGISTRY)
 READY = Gauge("batchfill_ready_replicas", "Ready Triton replicas.", _LABELS, registry=REGISTRY)
 FILL = Gauge("batchfill_batch_fill", "Observed average batch size / max_batch_size.", _LABELS, registry=REGISTRY)
@@ -111,6 +121,11 @@ def observe_tick(
         else:  # not measured (idle, unknown): no series rather than a stale or fake value
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels)
+    if decision.recommendation is not None:
+        RECOMMENDED.labels(*labels).set(decision.recommendation)
+    else:  # Prometheus down or no series: no count rather than one an autoscaler would act on
+        with contextlib.suppress(KeyError):
+            RECOMMENDED.remove(*labels)
     if signals.p99_ms is not None:
         HEADROOM.labels(*labels).set((server_budget_ms - signals.p99_ms) / 1000.0)
     else:
@@ -126,7 +141,7 @@ def observe_pass(loop: str, seconds: float) -> None:
 
 def forget(namespace: str, name: str) -> None:
     """Drop the series of a deleted BatchedModel."""
-    for metric in (DESIRED, REPLICAS, READY, FILL, QUEUE, P99, HEADROOM, REQUEST_RATE, CAPACITY, SLA,
+    for metric in (DESIRED, RECOMMENDED, REPLICAS, READY, FILL, QUEUE, P99, HEADROOM, REQUEST_RATE, CAPACITY, SLA,
                    METRICS_AVAILABLE, GPU_HOURS):  # fmt: skip
         with contextlib.suppress(KeyError):
             metric.remove(namespace, name)
