@@ -2,33 +2,23 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from batchfill.cli.main import main
 
+from .fleet_docs import fleet_file, named
+
 ROOT = Path(__file__).resolve().parents[2]
-SEED = yaml.safe_load((ROOT / "examples" / "seed-example.yaml").read_text())
 RATES = {"big": 300.0, "mid": 60.0, "small": 20.0, "tiny": 2.0, "idle": 0.0}
-
-
-def named(name: str) -> dict[str, Any]:
-    doc = copy.deepcopy(SEED)
-    doc["metadata"]["name"] = name
-    doc["spec"]["model"]["name"] = name
-    return doc
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Path:
-    f = tmp_path / "fleet.yaml"
-    f.write_text(yaml.safe_dump_all([named(n) for n in RATES]))
-    return f
+    return fleet_file(tmp_path / "fleet.yaml", RATES)
 
 
 def rate_flags() -> list[str]:

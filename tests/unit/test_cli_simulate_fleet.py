@@ -3,7 +3,6 @@ determinism, and one-line field-named refusals."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path
@@ -19,26 +18,18 @@ from batchfill.cli.main import main
 from batchfill.compare.shared_fleet import FleetModels, attainment, diurnal_rates, replan_fleet
 from batchfill.policy.plan import plan_batching
 
+from .fleet_docs import SEED, fleet_file, named
+
 ROOT = Path(__file__).resolve().parents[2]
-SEED = yaml.safe_load((ROOT / "examples" / "seed-example.yaml").read_text())
 NAMES = ("big", "mid", "small", "tiny")
 #: the seed example's capacity at SLA alone on one GPU, req/s (about 110)
 CAPACITY_RPS = plan_batching(load_model(SEED).spec).chosen.capacity_rps
 FAST = ["--duration", "1h", "--replan-minutes", "30", "--sample-seconds", "15"]
 
 
-def named(name: str) -> dict[str, Any]:
-    doc = copy.deepcopy(SEED)
-    doc["metadata"]["name"] = name
-    doc["spec"]["model"]["name"] = name
-    return doc
-
-
 @pytest.fixture
 def fleet(tmp_path: Path) -> Path:
-    f = tmp_path / "fleet.yaml"
-    f.write_text(yaml.safe_dump_all([named(n) for n in NAMES]))
-    return f
+    return fleet_file(tmp_path / "fleet.yaml", NAMES)
 
 
 def run_json(argv: list[str], path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
