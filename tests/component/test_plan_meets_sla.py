@@ -381,7 +381,7 @@ def compare(
         made = 1
         # Only the plan's phases are retried: the [B]-only control is expected to miss, and noise only helps it.
         while preferred == "plan" and (why := best.noisy(plan.serverBudgetMs)) and made < ATTEMPTS:
-            print(f"attempt {made} of {ATTEMPTS}: " + "; ".join(why) + "; measuring again")
+            print(f"best of {made} of {ATTEMPTS} (attempt {best.attempt}): {'; '.join(why)}; measuring again")
             made += 1
             best = min(best, measure(load_fraction, preferred, made), key=lambda c: c.real.p99_ms)
         done[(load_fraction, preferred)] = best
