@@ -30,6 +30,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
+from batchfill.adapters.triton_stats import parse_model_stats
 from batchfill.api.reasons import ConditionReason, ConditionType, EventReason, ReplanReason, ScalingReason
 from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from batchfill.render.kube import HTTP_PORT, MODEL_LABEL, Owner, build_service_monitor, names, template_config_name
@@ -186,8 +187,7 @@ def served_config(pod_ip: str, model: str = "sleep") -> dict[str, Any] | None:
 def success_count(pod_ip: str, model: str = "sleep") -> int:
     """Triton's count of successful inference requests of ``model`` on the pod (statistics extension)."""
     with urllib.request.urlopen(f"http://{pod_ip}:{HTTP_PORT}/v2/models/{model}/stats", timeout=3) as r:
-        stats = json.loads(r.read())["model_stats"]
-    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
+        return parse_model_stats(json.loads(r.read()), model).success.count
 
 
 @pytest.fixture(scope="module")
@@ -597,15 +597,11 @@ def test_auto_scales_out_on_saturation_and_in_when_the_load_drops(lab: Lab) -> N
     )
     assert status["lastScaleReason"] in (ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK)
     assert status["observed"].get("batchFill") is not None  # Prometheus scraped the pods' own metrics
-    scale_events = [e.reason for e in _events(lab, "scale") if e.reason.startswith("Scale")]
+    scale_events = [e.reason for e in lab.events("scale") if e.reason.startswith("Scale")]
     assert {ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK} & set(scale_events), scale_events
     assert {ScalingReason.SCALE_IN_LOAD_FITS, ScalingReason.SCALE_IN_IDLE} & set(scale_events), scale_events
     assert failed == 0, (sent, failed)
     lab.delete("scale")
-
-
-def _events(lab: Lab, name: str) -> list[Any]:
-    return list(lab.kube.core.list_namespaced_event(NS, field_selector=f"involvedObject.name={name}").items)
 
 
 def test_a_model_without_a_profile_reaches_a_measured_plan_from_its_pods(lab: Lab) -> None:
@@ -660,7 +656,7 @@ def test_a_model_without_a_profile_reaches_a_measured_plan_from_its_pods(lab: La
     assert status["plannedProfile"]["reason"] == ReplanReason.PROFILE_MEASURED
     assert 0 < status["plan"]["maxBatchSize"] < 16
     assert status["plan"]["capacityPerReplicaRps"] > 0
-    reasons = [e.reason for e in _events(lab, "measured")]
+    reasons = [e.reason for e in lab.events("measured")]
     assert reasons.count(ReplanReason.PROFILE_MEASURED) == 1, reasons
     assert reasons.count(EventReason.CONFIG_CHANGED) == 1, f"the Deployment must roll exactly once: {reasons}"
     lab.delete("measured")
@@ -696,7 +692,7 @@ def test_a_declared_profile_the_pods_contradict_is_replanned_once(lab: Lab) -> N
     assert planned["reason"] == ReplanReason.PROFILE_DISAGREES
     assert re.search(r"declared \d+(\.\d+)? ms, measured \d+(\.\d+)? ms", planned["message"]), planned["message"]
     assert bm["status"]["plan"]["maxBatchSize"] > declared_b, "the faster measured model batches more within T"
-    reasons = [e.reason for e in _events(lab, "declared")]
+    reasons = [e.reason for e in lab.events("declared")]
     assert reasons.count(ReplanReason.PROFILE_DISAGREES) == 1, reasons
     assert reasons.count(EventReason.CONFIG_CHANGED) == 1, f"the Deployment must roll exactly once: {reasons}"
     lab.delete("declared")

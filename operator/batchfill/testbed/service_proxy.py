@@ -16,8 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-#: Copy buffer per read (bytes).
-CHUNK = 64 * 1024
+from batchfill.testbed.tcp_relay import relay
 
 
 class ServiceProxy:
@@ -45,16 +44,6 @@ class ServiceProxy:
     def url(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(CHUNK):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()
-
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         targets = self.endpoints()
         if not targets:
@@ -63,13 +52,11 @@ class ServiceProxy:
         target = targets[self._turn % len(targets)]
         self._turn += 1
         host, port = target.rsplit(":", 1)
-        try:
-            up_reader, up_writer = await asyncio.open_connection(host, int(port))
-        except OSError:
-            writer.close()
-            return
-        self.connections[target] += 1
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+        def given() -> None:
+            self.connections[target] += 1
+
+        await relay(reader, writer, host, int(port), on_connected=given)
 
     def _run(self) -> None:
         loop = self._loop = asyncio.new_event_loop()

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from batchfill.testbed.node.netns import entered
 from batchfill.testbed.process import LOOPBACK
-
-_CHUNK = 1 << 16
+from batchfill.testbed.tcp_relay import relay
 
 
 def command(netns: str, listen_port: int, target_port: int) -> list[str]:
@@ -42,35 +41,9 @@ def listen_in(netns: str, port: int) -> socket.socket:
     return s
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(_CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(OSError, RuntimeError):
-            if writer.can_write_eof():
-                writer.write_eof()
-
-
-async def _relay(target_port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        up_reader, up_writer = await asyncio.open_connection(LOOPBACK, target_port)
-    except OSError:
-        writer.close()
-        return
-    try:
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-    finally:
-        for w in (writer, up_writer):
-            w.close()
-
-
 async def serve(listener: socket.socket, target_port: int) -> None:
     """Relay every connection accepted on ``listener`` to ``127.0.0.1:target_port`` (this namespace), forever."""
-    server = await asyncio.start_server(lambda r, w: _relay(target_port, r, w), sock=listener)
+    server = await asyncio.start_server(lambda r, w: relay(r, w, LOOPBACK, target_port), sock=listener)
     async with server:
         await server.serve_forever()
 
