@@ -11,6 +11,7 @@ and copies bytes both ways until either side closes. Use as a context manager; :
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -56,7 +57,8 @@ class ServiceProxy:
         def given() -> None:
             self.connections[target] += 1
 
-        await relay(reader, writer, host, int(port), on_connected=given)
+        with contextlib.suppress(asyncio.CancelledError):  # cancelled by __exit__: the relay closed both sides
+            await relay(reader, writer, host, int(port), on_connected=given)
 
     def _run(self) -> None:
         loop = self._loop = asyncio.new_event_loop()
@@ -73,6 +75,10 @@ class ServiceProxy:
         except asyncio.CancelledError:
             pass
         finally:
+            # the relays cancelled by __exit__ finish (and close their sockets) before the loop goes
+            pending = asyncio.all_tasks(loop)
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
     def __enter__(self) -> ServiceProxy:
