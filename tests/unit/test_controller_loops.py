@@ -693,6 +693,38 @@ def test_a_service_monitor_kind_gone_since_discovery_is_looked_for_again(kube: F
     assert not loop.memory["uid-bm-m"].monitored
 
 
+def test_a_new_models_first_reconcile_reads_nothing_and_writes_what_a_full_one_writes(kube: FakeKube) -> None:
+    """The create handler's first attempt skips the Deployment read and the config listing (three API requests
+    per new model, ``docs/benchmarks/scale.md``); its writes and status are those of a full reconcile."""
+    results = []
+    for first in (True, False):
+        name = f"m-{first}".lower()
+        kube.create_model(name, SCALING_SPEC)
+        body = copy.deepcopy(kube.models[(NS, name)])
+        kube.calls.clear()
+        status = reconcile(body, kube, now=T0, emit=emitter(kube, body), first=first)  # type: ignore[arg-type]
+        reads = [c for c in kube.calls if c[0] in ("get", "list_config_maps", "list_replica_sets")]
+        results.append((writes(kube), status, reads))
+    (first_writes, first_status, first_reads), (full_writes, full_status, full_reads) = results
+    assert first_reads == []
+    assert len(full_reads) == 3
+    assert first_writes == full_writes == [("apply", "ConfigMap"), ("apply", "Deployment"), ("apply", "Service"),
+                                           ("event", EventReason.DEPLOYED)]  # fmt: skip
+    assert first_status == full_status
+
+
+def test_a_first_reconcile_of_a_model_with_a_status_reads_its_children(kube: FakeKube) -> None:
+    """``first`` holds only for an object with no status: a spec rejected before, then fixed, may have none of
+    its children, but a model whose status says it was served may have all of them (and its replica count)."""
+    planned_model(kube, "m", SCALING_SPEC)
+    kube.scale_deployment("m-triton", NS, 2)
+    body = copy.deepcopy(kube.models[(NS, "m")])
+    kube.calls.clear()
+    reconcile(body, kube, now=T0, emit=emitter(kube, body), first=True)  # type: ignore[arg-type]
+    assert ("get", "Deployment", NS, "m-triton") in kube.calls
+    assert kube.objects[(*DEPLOYMENT, NS, "m-triton")]["spec"]["replicas"] == 2, "the scaled count is kept"
+
+
 def test_a_deployment_deleted_by_hand_is_applied_again_instead_of_scaled(kube: FakeKube) -> None:
     pods = planned_model(kube, "m", SCALING_SPEC)
     prom = FakePrometheus()

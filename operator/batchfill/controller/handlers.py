@@ -99,16 +99,17 @@ def watch_timeouts(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int, **_: Any) -> None:
+def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
     kube = _kube(memo)
+    first = kwargs.get("reason") == kopf.Reason.CREATE and retry == 0  # kopf's cause: a create, first attempt
     with operator_metrics.RECONCILE.labels("reconcile").time():
-        _reconcile(body, patch, kube, retry)
+        _reconcile(body, patch, kube, retry, first=first)
 
 
-def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int) -> None:
+def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int, *, first: bool = False) -> None:
     emit = emitter(kube, body)
     try:
-        changes = reconcile(body, kube, now=time.time(), emit=emit)
+        changes = reconcile(body, kube, now=time.time(), emit=emit, first=first)
     except SpecRejectedError as rejected:
         for key, value in rejected.status.items():
             patch.status[key] = value
