@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from batchfill.cli.main import main
+from batchfill.cli import simulate as simulate_cli
 from batchfill.cli.simulate import parse_duration
 from batchfill.compare.run import POLICIES
 
@@ -104,12 +105,16 @@ def _no_profile(tmp_path: Path) -> str:
         (["--mean-rps", "nan"], "--mean-rps=nan must be a finite number >= 0"),
         (["--peak-rps", "inf", "--trace", "spike"], "--peak-rps=inf must be a finite number >= 0"),
         (["--startup", "-5"], "--startup=-5.0 must be a finite number >= 0"),
+        (["--mean-rps", "1e6", "--duration", "1d"], "--mean-rps/--duration: the trace holds about 8.64e+10 requests"),
+        (["--trace", "replay", "--rates", "{big_rates}"], "--rates {big_rates}: is over the 0 MiB a rate file may"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: list[str], expected: str
 ) -> None:
-    paths = {"bad_rates": _write(tmp_path, "bad.txt", "1\n2\nx\n"), "missing": str(tmp_path / "missing.txt")}
+    monkeypatch.setattr(simulate_cli, "MAX_RATE_FILE_BYTES", 64)  # the bound's check, without a 32 MiB file
+    paths = {"bad_rates": _write(tmp_path, "bad.txt", "1\n2\nx\n"), "missing": str(tmp_path / "missing.txt"),
+             "big_rates": _write(tmp_path, "big.txt", "100\n" * 17)}  # fmt: skip
     argv = [a.format(**paths) for a in args]
     expected = expected.format(**paths)
     assert main(["simulate", str(SEED), "--duration", "2m", *argv, "--plot", str(tmp_path / "p.png")]) == 2

@@ -99,18 +99,42 @@ _FLAGS = {
 }
 
 
+#: Most arrivals a simulated trace may hold (mean rate x duration): a run's time grows with them, about 30 s on
+#: one core for an hour at 2,000 req/s (7.2 million, every policy compared), so this bound is about 15 minutes.
+MAX_TRACE_REQUESTS = 2e8
+#: Largest --rates file read: a year of per-minute 'minute,rps' lines is about 10 MB.
+MAX_RATE_FILE_BYTES = 32 * 2**20
+
+
 def build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float) -> traces.Trace:
     """The trace the options describe.
 
     Raises:
-        ValueError: bad parameters or an unreadable rate file (message names the flag).
+        ValueError: bad parameters, an unreadable rate file (message names the flag), or a trace of more than
+            :data:`MAX_TRACE_REQUESTS` expected arrivals.
     """
     try:
-        return _build_trace(opts, spec, capacity_rps)
+        trace = _build_trace(opts, spec, capacity_rps)
     except ValueError as e:
         text = str(e)
         name = text.split("=", 1)[0]
         raise ValueError(_FLAGS[name] + text[len(name) :] if name in _FLAGS else text) from None
+    expected = trace.mean_rps * trace.duration_s
+    if expected > MAX_TRACE_REQUESTS:
+        raise ValueError(
+            f"--mean-rps/--duration: the trace holds about {expected:.3g} requests ({trace.mean_rps:.4g} req/s for "
+            f"{trace.duration_s:g} s), over the {MAX_TRACE_REQUESTS:.0e} a simulation takes: shorten --duration or "
+            "lower the rate"
+        )
+    return trace
+
+
+def _read_rate_file(path: str) -> str:
+    with Path(path).open("rb") as f:
+        data = f.read(MAX_RATE_FILE_BYTES + 1)
+    if len(data) > MAX_RATE_FILE_BYTES:
+        raise ValueError(f"is over the {MAX_RATE_FILE_BYTES // 2**20} MiB a rate file may have")
+    return data.decode("utf-8")
 
 
 def _build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float) -> traces.Trace:
@@ -131,9 +155,11 @@ def _build_trace(opts: TraceOptions, spec: BatchedModelSpec, capacity_rps: float
         if not opts.rates_file:
             raise ValueError("--trace replay needs --rates FILE (one req/s value per minute, or 'minute,rps' lines)")
         try:
-            text = Path(opts.rates_file).read_text(encoding="utf-8")
+            text = _read_rate_file(opts.rates_file)
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"--rates {opts.rates_file}: cannot read: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"--rates {opts.rates_file}: {e}") from None
         try:
             rates = traces.parse_rate_file(text)
         except ValueError as e:
