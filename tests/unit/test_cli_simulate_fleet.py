@@ -124,6 +124,7 @@ def _rates_file(tmp_path: Path, content: Any) -> str:
         (["--memory", "big=20000"], "big: memory=20000 MiB"),  # more than a GPU holds
         (["--duration", "7d", "--replan-minutes", "1"], "--replan-minutes"),  # 10,080 periods
         (["--fleet-trace", "diurnal", "--rates", "r.yaml"], "--fleet-trace=diurnal and --rates"),
+        (["--mean-rps", "1e7", "--sample-seconds", "600"], "simulated requests (both placements, 600 s per period)"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(

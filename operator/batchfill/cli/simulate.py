@@ -99,9 +99,7 @@ _FLAGS = {
 }
 
 
-#: Most arrivals a simulated trace may hold (mean rate x duration): a run's time grows with them, about 30 s on
-#: one core for an hour at 2,000 req/s (7.2 million, every policy compared), so this bound is about 15 minutes.
-MAX_TRACE_REQUESTS = 2e8
+MAX_TRACE_REQUESTS = traces.MAX_TRACE_REQUESTS
 #: Largest --rates file read: a year of per-minute 'minute,rps' lines is about 10 MB.
 MAX_RATE_FILE_BYTES = 32 * 2**20
 

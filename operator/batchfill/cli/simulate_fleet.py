@@ -33,7 +33,7 @@ from batchfill.cli.simulate import _wide, parse_duration
 from batchfill.compare.shared_fleet import FleetModels, FleetRun, attainment, diurnal_rates, replan_fleet
 from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB, DEFAULT_SERVER_OVERHEAD_MIB
 from batchfill.policy.plan import plan_batching
-from batchfill.sim.traces import MAX_RATE_RPS
+from batchfill.sim.traces import MAX_RATE_RPS, MAX_TRACE_REQUESTS
 
 #: Most models one fleet simulation takes (a file holds at most 100 documents: api/documents.py).
 MAX_FLEET_MODELS = 100
@@ -144,6 +144,17 @@ def _check_numbers(args: argparse.Namespace, duration_s: float | None) -> list[P
     if duration_s is not None and duration_s > MAX_DURATION_S:
         problems.append(Problem("--duration", f"={args.duration} is over the {MAX_DURATION_S / 86400:g} days allowed"))
     return problems
+
+
+def _check_requests(true_rps: Any, sample_s: float) -> list[Problem]:
+    """The run's simulated requests are bounded like ``batchfill simulate``'s (both placements serve each period's
+    sample; the warm-up is a fixed few seconds more)."""
+    total = 2.0 * float(np.sum(true_rps)) * sample_s
+    if total <= MAX_TRACE_REQUESTS:
+        return []
+    why = (f"the fleet's rates make about {total:.3g} simulated requests (both placements, {sample_s:g} s per period), "
+           f"over the {MAX_TRACE_REQUESTS:.0e} a simulation takes: lower the rates or --sample-seconds")  # fmt: skip
+    return [Problem("--sample-seconds", why)]
 
 
 def _rates(
@@ -270,6 +281,7 @@ def command(args: argparse.Namespace, out: Console, err: Console) -> int:
     problems += bad
     if fleet is not None and not problems:
         true, duration, trace, problems = _rates(args, fleet, duration_s)
+        problems += [] if problems else _check_requests(true, args.sample_seconds)
     if problems or fleet is None:
         for q in problems:
             err_line(err, str(q))

@@ -39,6 +39,10 @@ DIURNAL_STEP_S = 1.0
 #: A rate file may hold at most this many minutes (a year) and rates up to this many req/s.
 MAX_REPLAY_MINUTES = 366 * 24 * 60
 MAX_RATE_RPS = 1e7
+#: Most requests one simulation serves (``batchfill simulate``'s trace, mean rate x duration; a fleet's periods):
+#: run time grows with them, about 30 s on one core for an hour at 2,000 req/s (7.2 million, every policy
+#: compared), so this bound is about a quarter of an hour.
+MAX_TRACE_REQUESTS = 2e8
 
 
 @dataclass(frozen=True)
