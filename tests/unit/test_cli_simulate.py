@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchfill.cli.main import main
 from batchfill.cli import simulate as simulate_cli
+from batchfill.cli.main import main
 from batchfill.cli.simulate import parse_duration
 from batchfill.compare.run import POLICIES
 
