@@ -15,6 +15,7 @@ import yaml
 from batchfill.api.reasons import (
     ConditionReason,
     ConditionType,
+    CostSplitReason,
     EventReason,
     PlanWarningReason,
     ReplanReason,
@@ -130,6 +131,13 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
     ProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured"},
     PlannedProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured", "FIRST_PLAN": "FirstPlan"},
     SignalState: {"OK": "Ok", "IDLE": "Idle", "UNKNOWN": "Unknown"},
+    CostSplitReason: {
+        "EXECUTION_TIME": "ExecutionTime",
+        "IDLE_SPLIT_EVENLY": "IdleSplitEvenly",
+        "UNKNOWN_COUNTER": "UnknownCounter",
+        "MODEL_UNLOADED": "ModelUnloaded",
+        "NO_MODEL_LOADED": "NoModelLoaded",
+    },
     HpaReason: {
         "SCALING_DISABLED": "ScalingDisabled",
         "FAILED_GET_METRIC": "FailedGetMetric",

@@ -181,3 +181,14 @@ class EventReason(StrEnum):
     GENERATION_UNHANDLED = "GenerationUnhandled"
     #: a Warning once RequestsFailing turns True (requests the model rejects or fails)
     REQUESTS_FAILING = ConditionReason.REQUESTS_FAILING
+
+
+class CostSplitReason(StrEnum):
+    """How a shared pod's GPU time was split among its models (:func:`batchfill.policy.cost.split_gpu_time`): the
+    ``reason`` label of ``batchfill_pool_unattributed_gpu_hours`` for the unattributed ones."""
+
+    EXECUTION_TIME = "ExecutionTime"
+    IDLE_SPLIT_EVENLY = "IdleSplitEvenly"
+    UNKNOWN_COUNTER = "UnknownCounter"
+    MODEL_UNLOADED = "ModelUnloaded"
+    NO_MODEL_LOADED = "NoModelLoaded"
