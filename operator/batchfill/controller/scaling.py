@@ -283,7 +283,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     replicas = _replicas(current, pods, signals)
     decision = decide(ScalingInput(now, signals, numbers, spec.scaling, replicas, history, memory.saturation))
     target = decision.desired_replicas if decision.apply else current
-    in_place = in_place_reason(deployment, inputs.pods, now)
+    in_place = in_place_reason(deployment, inputs.pods, now, spec.triton.gpuResource)
     events = (
         *_scale_events(status, deployment, signals, desired, decision, current, target, restored),
         *rollback_events(status, deployment, desired),
