@@ -17,6 +17,7 @@ from batchfill.api.reasons import (
     ConditionType,
     CostSplitReason,
     EventReason,
+    PlacementReason,
     PlanWarningReason,
     ReplanReason,
     ScalingReason,
@@ -131,6 +132,13 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
     ProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured"},
     PlannedProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured", "FIRST_PLAN": "FirstPlan"},
     SignalState: {"OK": "Ok", "IDLE": "Idle", "UNKNOWN": "Unknown"},
+    PlacementReason: {
+        "DEDICATED_BY_SPEC": "DedicatedBySpec",
+        "SHARED_BY_SPEC": "SharedBySpec",
+        "SHARED_BELOW_ONE_GPU": "SharedBelowOneGpu",
+        "DEDICATED_FILLS_GPU": "DedicatedFillsGpu",
+        "NOT_PLACED": "NotPlaced",
+    },
     CostSplitReason: {
         "EXECUTION_TIME": "ExecutionTime",
         "IDLE_SPLIT_EVENLY": "IdleSplitEvenly",

@@ -192,3 +192,18 @@ class CostSplitReason(StrEnum):
     UNKNOWN_COUNTER = "UnknownCounter"
     MODEL_UNLOADED = "ModelUnloaded"
     NO_MODEL_LOADED = "NoModelLoaded"
+
+
+class PlacementReason(StrEnum):
+    """Why a model is served where it is (``status.placement.reason``; :mod:`batchfill.policy.placement_status`)."""
+
+    #: spec.placement.mode Dedicated (the default): replicas of its own
+    DEDICATED_BY_SPEC = "DedicatedBySpec"
+    #: spec.placement.mode Shared: on the pool whatever its load
+    SHARED_BY_SPEC = "SharedBySpec"
+    #: mode Auto, its load below what one GPU serves at its SLA: on the pool
+    SHARED_BELOW_ONE_GPU = "SharedBelowOneGpu"
+    #: mode Auto, its load fills at least one GPU: dedicated replicas
+    DEDICATED_FILLS_GPU = "DedicatedFillsGpu"
+    #: mode Shared or Auto but the joint plan has no place for it yet (no rate known, no plan): where it was
+    NOT_PLACED = "NotPlaced"
