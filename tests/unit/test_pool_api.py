@@ -213,3 +213,12 @@ def test_every_pool_string_and_list_is_bounded() -> None:
             assert "maxLength" in node, path
         if node.get("type") == "array":
             assert "maxItems" in node, path
+
+
+def test_the_largest_placement_status_is_small() -> None:
+    """Written every tick the placement changes: at its bounds it stays a small part of the status budget."""
+    largest = PlacementStatus(
+        mode="Dedicated", pool="p" * 253, pods=["x" * 253] * PLACEMENT_PODS_MAX, podCount=100_000, gpuShare=100_000,
+        planHeadroom=1, reason="R" * 64, message="m" * 1024, since="2026-12-02T09:00:00Z",
+    )  # fmt: skip
+    assert len(largest.model_dump_json()) < 6 * 1024
