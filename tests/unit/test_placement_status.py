@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from batchfill.api.reasons import PlacementReason
@@ -70,3 +72,21 @@ def test_pod_list_is_bounded_and_the_count_is_not() -> None:
     s = placement_status("a", AUTO, PLAN, pods=pods)
     assert len(s.pods) == PLACEMENT_PODS_MAX
     assert s.podCount == 40
+
+
+def test_the_shared_plan_is_the_models_plan_with_the_joint_plans_batching() -> None:
+    from batchfill.api.pool import GPUPoolSpec
+    from batchfill.policy.placement_status import shared_plan_status
+    from batchfill.render.pool import load_request
+
+    from .test_pool_api import POOL_DOC
+    from .test_render_kube import spec_with
+    from .test_render_model_config import make_plan
+
+    solo = make_plan(16, [16], 4000, instanceCount=2)
+    model = replace(PLAN.model("a"), config=Candidate(8, (1, 2, 4, 8), 100, 1), p99_ms=12.345)
+    shared = shared_plan_status(model, solo)
+    assert (shared.maxBatchSize, shared.preferredBatchSizes, shared.maxQueueDelayMicroseconds) == (8, [1, 2, 4, 8], 100)
+    assert (shared.instanceCount, shared.serverBudgetMs, shared.predictedP99Ms) == (2, solo.serverBudgetMs, 12.34)
+    body = load_request(spec_with(), shared, GPUPoolSpec.model_validate(POOL_DOC["spec"])).body
+    assert '"max_queue_delay_microseconds":"100"' in body["parameters"]["config"]

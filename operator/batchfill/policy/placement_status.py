@@ -9,12 +9,13 @@ included.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from batchfill.api.reasons import PlacementReason
 from batchfill.api.spec import PlacementMode, PlacementSpec
-from batchfill.api.status import PLACEMENT_PODS_MAX, PlacementStatus
-from batchfill.policy.placement import Placement
+from batchfill.api.status import PLACEMENT_PODS_MAX, PlacementStatus, PlanStatus
+from batchfill.policy.placement import ModelPlacement, Placement
 
 #: Decimal places of the shares written to status (a re-plan's jitter below it writes nothing).
 SHARE_DECIMALS = 4
@@ -80,3 +81,22 @@ def placement_status(
     )
     return PlacementStatus(mode="Shared", pool=spec.pool, pods=listed, podCount=count, gpuShare=share,
                            planHeadroom=headroom, reason=reason, message=message, since=since)  # fmt: skip
+
+
+def shared_plan_status(model: ModelPlacement, solo: PlanStatus) -> PlanStatus:
+    """The plan a model is loaded with on a shared pod (:func:`batchfill.render.pool.load_request` takes it).
+
+    Its own plan ``solo`` (``status.plan``) with the joint plan's batching on the shared GPU (``model.config``:
+    work-conserving, every batch size preferred, the least queue delay) and the shared GPU's simulated p99; the
+    instance count and the rest stay the model's own.
+    """
+    c = model.config
+    return solo.model_copy(
+        update={
+            "maxBatchSize": c.max_batch_size,
+            "preferredBatchSizes": list(c.preferred_batch_sizes),
+            "maxQueueDelayMicroseconds": c.max_queue_delay_us,
+            "predictedP99Ms": math.floor(model.p99_ms * 100) / 100,
+            "rule": f"shared GPU: the joint plan's batching ({solo.rule})"[:256],
+        }
+    )
