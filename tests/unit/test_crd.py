@@ -208,6 +208,8 @@ def test_printer_columns() -> None:
         ("Desired", ".status.desiredReplicas", "integer"),
         ("Fill", ".status.observed.batchFill", "number"),
         ("Queue ms", ".status.observed.queueTimeMs", "number"),
+        ("Placement", ".status.placement.mode", "string"),
+        ("Pool", ".status.placement.pool", "string"),
         ("Ready", '.status.conditions[?(@.type=="Ready")].status', "string"),
         ("Progressing", '.status.conditions[?(@.type=="Progressing")].status', "string"),
         ("Age", ".metadata.creationTimestamp", "date"),
@@ -220,7 +222,9 @@ def test_printer_columns() -> None:
         (columns[2], node_at("status.desiredReplicas")),
         (columns[3], node_at("status.observed.batchFill")),
         (columns[4], node_at("status.observed.queueTimeMs")),
-        (columns[5], node_at("status.conditions[].status")),
+        (columns[5], node_at("status.placement.mode")),
+        (columns[6], node_at("status.placement.pool")),
+        (columns[7], node_at("status.conditions[].status")),
     ]:
         assert node["type"] == column["type"], column["name"]
 
@@ -338,6 +342,12 @@ EXPECTED_RULES: dict[str, list[str]] = {
         "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
         "!has(self.minReplicas) || self.minReplicas >= 1",
     ],
+    "spec.placement": ["self.mode == 'Dedicated' || has(self.pool)"],
+    "spec.triton": [
+        "(!has(self.resources.requests) || self.resources.requests.all(k, !k.startsWith('nvidia.com/') || "
+        "k == self.gpuResource)) && (!has(self.resources.limits) || self.resources.limits.all(k, "
+        "!k.startsWith('nvidia.com/') || k == self.gpuResource))"
+    ],
     # maps: the lengths of their keys (and of quantity strings), which a structural schema cannot bound otherwise,
     # and their keys' characters (printable ASCII, so kopf's escaped copy of the spec stays within its budget)
     "spec.triton.resources.requests": [
@@ -421,6 +431,7 @@ def test_defaults_are_valid_under_their_own_schema() -> None:
     defaulted = [(path, node) for path, node in walk(root_schema()) if "default" in node]
     assert {path for path, node in defaulted if node["default"] == {}} == {
         "spec.batching",
+        "spec.placement",
         "spec.profiling",
         "spec.scaling",
         "spec.triton",
@@ -655,6 +666,7 @@ def test_crd_module_is_pure() -> None:
         "typing",
         "yaml",
         "pydantic",
+        "batchfill.api.pool",
         "batchfill.api.spec",
         "batchfill.api.status",
     }, imports

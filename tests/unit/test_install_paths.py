@@ -577,6 +577,11 @@ def test_grafana_dashboard_renders_and_queries_only_exported_metrics(helm: str) 
         gpus_per_replica=1, elapsed_s=3600.0, gpu_holding_replicas=2,
     )  # fmt: skip
     operator_metrics.RECONCILE.labels("scale").observe(0.1)
+    from batchfill.policy.cost import ExecutionCounters, split_gpu_time
+
+    counters = {"m": ExecutionCounters(0.0, 2.0, 0.0)}
+    unknown = split_gpu_time(60.0, counters, {"m": ExecutionCounters(0.0, float("nan"), 0.0)})
+    operator_metrics.observe_cost("ns", "pool", [split_gpu_time(60.0, {}, counters), unknown])
     exported = {s.name for f in text_string_to_metric_families(generate_latest(operator_metrics.REGISTRY).decode())
                 for s in f.samples}  # fmt: skip
     used = {

@@ -15,7 +15,9 @@ import yaml
 from batchfill.api.reasons import (
     ConditionReason,
     ConditionType,
+    CostSplitReason,
     EventReason,
+    PlacementReason,
     PlanWarningReason,
     ReplanReason,
     ScalingReason,
@@ -130,6 +132,20 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
     ProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured"},
     PlannedProfileSource: {"DECLARED": "Declared", "MEASURED": "Measured", "FIRST_PLAN": "FirstPlan"},
     SignalState: {"OK": "Ok", "IDLE": "Idle", "UNKNOWN": "Unknown"},
+    PlacementReason: {
+        "DEDICATED_BY_SPEC": "DedicatedBySpec",
+        "SHARED_BY_SPEC": "SharedBySpec",
+        "SHARED_BELOW_ONE_GPU": "SharedBelowOneGpu",
+        "DEDICATED_FILLS_GPU": "DedicatedFillsGpu",
+        "NOT_PLACED": "NotPlaced",
+    },
+    CostSplitReason: {
+        "EXECUTION_TIME": "ExecutionTime",
+        "IDLE_SPLIT_EVENLY": "IdleSplitEvenly",
+        "UNKNOWN_COUNTER": "UnknownCounter",
+        "MODEL_UNLOADED": "ModelUnloaded",
+        "NO_MODEL_LOADED": "NoModelLoaded",
+    },
     HpaReason: {
         "SCALING_DISABLED": "ScalingDisabled",
         "FAILED_GET_METRIC": "FailedGetMetric",

@@ -2,9 +2,10 @@
 
 Per BatchedModel (labels ``namespace``, ``name``): desired, recommended and actual replicas, observed batch fill,
 queue time and p99, p99 headroom against the server budget T, scaling decisions by reason, and GPU-hours (replicas x
-GPUs per replica integrated over time) so cost sits next to latency. Reconcile durations by handler; the duration of
-each whole pass of the scaling and profiling loops (``loop`` label). A private registry, so importing this module
-twice (tests) registers nothing globally.
+units of the GPU resource per replica integrated over time; a MIG slice is a unit) so cost sits next to latency.
+Models on a shared pool are charged their share of its pods' GPU-hours (:func:`observe_cost`). Reconcile durations by
+handler; the duration of each whole pass of the scaling and profiling loops (``loop`` label). A private registry, so
+importing this module twice (tests) registers nothing globally.
 
 With ``scaling.mode`` Off the desired count is the current one (:func:`batchfill.policy.scaling.decide`), so an
 external autoscaler scales on the recommended replicas or on the capacity per replica instead (README "Keeping your
@@ -18,11 +19,14 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from batchfill.api.spec import GPU_RESOURCE
+from batchfill.policy.cost import CostSplit, add_splits
 from batchfill.policy.scaling import Decision
 from batchfill.policy.signals import ModelSignals
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 _REASONS: dict[tuple[str, str], set[str]] = {}  # decision reasons seen per model, to remove their series
+_RESOURCES: dict[tuple[str, str], str] = {}  # the GPU resource last exported per model, to replace its series
 _LABELS = ("namespace", "name")
 
 DESIRED = Gauge("batchfill_desired_replicas", "Replicas the scaling decision wants.", _LABELS, registry=REGISTRY)
@@ -49,8 +53,29 @@ METRICS_AVAILABLE = Gauge("batchfill_metrics_available", "1 when the last signal
                           registry=REGISTRY)  # fmt: skip
 DECISIONS = Counter("batchfill_scaling_decisions", "Scaling decisions by reason.", (*_LABELS, "reason"),
                     registry=REGISTRY)  # fmt: skip
-GPU_HOURS = Counter("batchfill_gpu_hours", "Replicas x GPUs per replica, integrated over time (hours).", _LABELS,
-                    registry=REGISTRY)  # fmt: skip
+GPU_HOURS = Counter(
+    "batchfill_gpu_hours",
+    "Replicas x units of the GPU resource per replica (spec.triton.gpuResource: whole GPUs, or MIG slices), "
+    "integrated over time (hours); batchfill_gpu_resource names the unit.", _LABELS, registry=REGISTRY,
+)  # fmt: skip
+GPU_RESOURCE_UNITS = Gauge(
+    "batchfill_gpu_resource", "Units of the GPU resource (label resource) each replica holds: what a GPU-hour counts.",
+    (*_LABELS, "resource"), registry=REGISTRY,
+)  # fmt: skip
+MODEL_GPU_HOURS = Counter(
+    "batchfill_model_gpu_hours",
+    "GPU-hours of shared pool pods attributed to the model by its share of their execution time (Triton's "
+    "compute input + infer + output duration counters; batchfill.policy.cost).", _LABELS, registry=REGISTRY,
+)  # fmt: skip
+MODEL_GPU_SHARE = Gauge(
+    "batchfill_model_gpu_share",
+    "The model's fraction of its pool's GPU time in the last attributed interval (0-1).", _LABELS, registry=REGISTRY,
+)  # fmt: skip
+POOL_UNATTRIBUTED = Counter(
+    "batchfill_pool_unattributed_gpu_hours",
+    "GPU-hours of a pool's pods charged to no model (reason: UnknownCounter, ModelUnloaded, NoModelLoaded).",
+    ("namespace", "pool", "reason"), registry=REGISTRY,
+)  # fmt: skip
 RECONCILE = Histogram(
     "batchfill_reconcile_duration_seconds", "Handler durations.", ("handler",), registry=REGISTRY,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -94,6 +119,7 @@ def observe_tick(
     gpus_per_replica: int,
     elapsed_s: float,
     gpu_holding_replicas: int = 0,
+    gpu_resource: str = GPU_RESOURCE,
 ) -> None:
     """Record one scaling tick; ``elapsed_s`` since the previous tick of this model (0 on the first).
 
@@ -110,6 +136,12 @@ def observe_tick(
     DECISIONS.labels(*labels, decision.reason).inc()
     _REASONS.setdefault(labels, set()).add(decision.reason)
     GPU_HOURS.labels(*labels).inc(max(0, gpu_holding_replicas) * gpus_per_replica * max(0.0, elapsed_s) / 3600.0)
+    previous = _RESOURCES.get(labels)
+    if previous is not None and previous != gpu_resource:
+        with contextlib.suppress(KeyError):
+            GPU_RESOURCE_UNITS.remove(*labels, previous)
+    _RESOURCES[labels] = gpu_resource
+    GPU_RESOURCE_UNITS.labels(*labels, gpu_resource).set(gpus_per_replica)
     for gauge, value, scale in (
         (FILL, signals.batch_fill, 1.0),
         (QUEUE, signals.queue_time_ms, 1e-3),
@@ -133,6 +165,28 @@ def observe_tick(
             HEADROOM.remove(*labels)
 
 
+def observe_cost(namespace: str, pool: str, splits: list[CostSplit]) -> None:
+    """Record one interval of a pool's GPU time split among its models (one :class:`CostSplit` per pod).
+
+    Models' GPU-hours grow by their attributed GPU-seconds; the rest goes to the pool's unattributed counter by
+    reason, so per-model and unattributed hours add up to what the pool's pods held. A model's share gauge is set
+    only when the interval had GPU time and nothing of it was unattributed (no share rather than a wrong one).
+    """
+    per_model, unattributed = add_splits(splits)
+    for model, seconds in per_model.items():
+        MODEL_GPU_HOURS.labels(namespace, model).inc(seconds / 3600.0)
+    for s in splits:
+        if s.unattributed_gpu_seconds > 0:
+            POOL_UNATTRIBUTED.labels(namespace, pool, s.reason).inc(s.unattributed_gpu_seconds / 3600.0)
+    total = sum(per_model.values()) + unattributed
+    for model, seconds in per_model.items():
+        if total > 0 and unattributed == 0:
+            MODEL_GPU_SHARE.labels(namespace, model).set(seconds / total)
+        else:
+            with contextlib.suppress(KeyError):
+                MODEL_GPU_SHARE.remove(namespace, model)
+
+
 def observe_pass(loop: str, seconds: float) -> None:
     """Record the duration of one whole pass of ``loop`` (scaling or profiling), failed passes included."""
     PASS_DURATION.labels(loop).observe(seconds)
@@ -142,9 +196,13 @@ def observe_pass(loop: str, seconds: float) -> None:
 def forget(namespace: str, name: str) -> None:
     """Drop the series of a deleted BatchedModel."""
     for metric in (DESIRED, RECOMMENDED, REPLICAS, READY, FILL, QUEUE, P99, HEADROOM, REQUEST_RATE, CAPACITY, SLA,
-                   METRICS_AVAILABLE, GPU_HOURS):  # fmt: skip
+                   METRICS_AVAILABLE, GPU_HOURS, MODEL_GPU_HOURS, MODEL_GPU_SHARE):  # fmt: skip
         with contextlib.suppress(KeyError):
             metric.remove(namespace, name)
+    resource = _RESOURCES.pop((namespace, name), None)
+    if resource is not None:
+        with contextlib.suppress(KeyError):
+            GPU_RESOURCE_UNITS.remove(namespace, name, resource)
     for reason in _REASONS.pop((namespace, name), set()):
         with contextlib.suppress(KeyError):
             DECISIONS.remove(namespace, name, reason)

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from batchfill.api.pool import POOL_KIND, POOL_PLURAL, POOL_SHORT_NAMES, POOL_SINGULAR, GPUPoolSpec, GPUPoolStatus
 from batchfill.api.spec import GROUP, KIND, PLURAL, PRINTABLE, SHORT_NAMES, SINGULAR, VERSION, BatchedModelSpec
 from batchfill.api.status import BatchedModelStatus
 
@@ -61,6 +62,19 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
         "description": "Average queue time per request, ms",
     },
     {
+        "name": "Placement",
+        "type": "string",
+        "jsonPath": ".status.placement.mode",
+        "description": "Where it is served: Dedicated or Shared (status.placement)",
+    },
+    {
+        "name": "Pool",
+        "type": "string",
+        "jsonPath": ".status.placement.pool",
+        "description": "The GPUPool serving it (Shared)",
+        "priority": 1,
+    },
+    {
         "name": "Ready",
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
@@ -74,6 +88,18 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
+
+#: ``kubectl get gpupool`` columns, from the pool's status.
+POOL_PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
+    {"name": "GPU", "type": "string", "jsonPath": ".spec.gpuResource", "description": "The pods' GPU resource"},
+    {"name": "Models", "type": "integer", "jsonPath": ".status.models", "description": "Models placed on it"},
+    {"name": "Pods", "type": "integer", "jsonPath": ".status.pods", "description": "Pods of the pool"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyPods", "description": "Ready pods"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredPods", "description": "Pods the plan wants"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
+POOL_CRD_NAME = f"{POOL_PLURAL}.{GROUP}"
+POOL_REGENERATE_COMMAND = "batchfill crd --kind GPUPool > crds/gpupool.yaml"
 
 _SCALARS = frozenset({"string", "integer", "number", "boolean"})
 #: Keywords copied as they are, in this order (after description and type). The output order is fixed
@@ -334,15 +360,17 @@ def structural_schema(model: type[BaseModel]) -> Schema:
     return _structural(raw, raw.get("$defs", {}), "")
 
 
-def build_crd() -> dict[str, Any]:
-    """The ``apiextensions.k8s.io/v1`` CustomResourceDefinition of ``batchedmodels.batchfill.io``."""
-    spec = structural_schema(BatchedModelSpec)
-    status = structural_schema(BatchedModelStatus)
+def _crd(
+    kind: str,
+    names: tuple[str, str, tuple[str, ...]],
+    schemas: tuple[type[BaseModel], type[BaseModel]],
+    description: str,
+    columns: tuple[dict[str, Any], ...],
+) -> dict[str, Any]:
+    """An ``apiextensions.k8s.io/v1`` CRD of ``kind`` (names: plural, singular, short names) in group batchfill.io."""
+    plural, singular, short_names = names
     root: Schema = {
-        "description": (
-            "BatchedModel serves a model on NVIDIA Triton under a p99 latency SLA: batchfill derives "
-            "Triton's dynamic batching from the SLA and scales GPU replicas with the load."
-        ),
+        "description": description,
         "type": "object",
         "required": ["spec"],
         "properties": {
@@ -351,12 +379,12 @@ def build_crd() -> dict[str, Any]:
                 "type": "string",
             },
             "kind": {
-                "description": "Kind is the REST resource this object represents (BatchedModel).",
+                "description": f"Kind is the REST resource this object represents ({kind}).",
                 "type": "string",
             },
             "metadata": {"type": "object"},
-            "spec": spec,
-            "status": status,
+            "spec": structural_schema(schemas[0]),
+            "status": structural_schema(schemas[1]),
         },
     }
     version: dict[str, Any] = {
@@ -367,21 +395,21 @@ def build_crd() -> dict[str, Any]:
         # the operator sets it from the load, and `kubectl scale bm` / an HPA on the BatchedModel would
         # fight the operator with nothing in spec to write to.
         "subresources": {"status": {}},
-        "additionalPrinterColumns": [dict(c) for c in PRINTER_COLUMNS],
+        "additionalPrinterColumns": [dict(c) for c in columns],
         "schema": {"openAPIV3Schema": root},
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
+        "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": KIND,
-                "listKind": LIST_KIND,
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": list(CATEGORIES),
             },
             "scope": "Namespaced",
@@ -390,14 +418,47 @@ def build_crd() -> dict[str, Any]:
     }
 
 
-_HEADER = f"""\
-# Generated by `batchfill crd` from the pydantic models in batchfill.api. Do not edit by hand;
-# regenerate with: {REGENERATE_COMMAND}
-# No scale subresource on purpose: the operator owns the Deployment's replicas (see batchfill.api.crd).
-"""
+def build_crd() -> dict[str, Any]:
+    """The ``apiextensions.k8s.io/v1`` CustomResourceDefinition of ``batchedmodels.batchfill.io``."""
+    return _crd(
+        KIND,
+        (PLURAL, SINGULAR, SHORT_NAMES),
+        (BatchedModelSpec, BatchedModelStatus),
+        "BatchedModel serves a model on NVIDIA Triton under a p99 latency SLA: batchfill derives "
+        "Triton's dynamic batching from the SLA and scales GPU replicas with the load.",
+        PRINTER_COLUMNS,
+    )
+
+
+def build_pool_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition of ``gpupools.batchfill.io`` (:mod:`batchfill.api.pool`)."""
+    return _crd(
+        POOL_KIND,
+        (POOL_PLURAL, POOL_SINGULAR, POOL_SHORT_NAMES),
+        (GPUPoolSpec, GPUPoolStatus),
+        "GPUPool is a set of shared Triton pods (explicit model control) that BatchedModels with "
+        "spec.placement.mode Shared or Auto are packed onto, so models below a GPU's load share GPUs.",
+        POOL_PRINTER_COLUMNS,
+    )
+
+
+def _header(command: str) -> str:
+    return (
+        "# Generated by `batchfill crd` from the pydantic models in batchfill.api. Do not edit by hand;\n"
+        f"# regenerate with: {command}\n"
+        "# No scale subresource on purpose: the operator owns the Deployment's replicas (see batchfill.api.crd).\n"
+    )
+
+
+def _yaml(crd: dict[str, Any]) -> str:
+    return yaml.safe_dump(crd, sort_keys=False, allow_unicode=True, width=4096, default_flow_style=False)
 
 
 def render_crd_yaml() -> str:
     """The CRD as deterministic YAML text, with a header that says how it was made."""
-    body = yaml.safe_dump(build_crd(), sort_keys=False, allow_unicode=True, width=4096, default_flow_style=False)
-    return _HEADER + body
+    return _header(REGENERATE_COMMAND) + _yaml(build_crd())
+
+
+def render_pool_crd_yaml() -> str:
+    """The GPUPool CRD as deterministic YAML text (crds/gpupool.yaml), with the same kind of header."""
+    return _header(POOL_REGENERATE_COMMAND) + _yaml(build_pool_crd())

@@ -181,3 +181,29 @@ class EventReason(StrEnum):
     GENERATION_UNHANDLED = "GenerationUnhandled"
     #: a Warning once RequestsFailing turns True (requests the model rejects or fails)
     REQUESTS_FAILING = ConditionReason.REQUESTS_FAILING
+
+
+class CostSplitReason(StrEnum):
+    """How a shared pod's GPU time was split among its models (:func:`batchfill.policy.cost.split_gpu_time`): the
+    ``reason`` label of ``batchfill_pool_unattributed_gpu_hours`` for the unattributed ones."""
+
+    EXECUTION_TIME = "ExecutionTime"
+    IDLE_SPLIT_EVENLY = "IdleSplitEvenly"
+    UNKNOWN_COUNTER = "UnknownCounter"
+    MODEL_UNLOADED = "ModelUnloaded"
+    NO_MODEL_LOADED = "NoModelLoaded"
+
+
+class PlacementReason(StrEnum):
+    """Why a model is served where it is (``status.placement.reason``; :mod:`batchfill.policy.placement_status`)."""
+
+    #: spec.placement.mode Dedicated (the default): replicas of its own
+    DEDICATED_BY_SPEC = "DedicatedBySpec"
+    #: spec.placement.mode Shared: on the pool whatever its load
+    SHARED_BY_SPEC = "SharedBySpec"
+    #: mode Auto, its load below what one GPU serves at its SLA: on the pool
+    SHARED_BELOW_ONE_GPU = "SharedBelowOneGpu"
+    #: mode Auto, its load fills at least one GPU: dedicated replicas
+    DEDICATED_FILLS_GPU = "DedicatedFillsGpu"
+    #: mode Shared or Auto but the joint plan has no place for it yet (no rate known, no plan): where it was
+    NOT_PLACED = "NotPlaced"

@@ -500,8 +500,33 @@ class Toleration(_Model):
     tolerationSeconds: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
 
 
+#: The extended resource of a whole NVIDIA GPU (the device plugin's name); any other is configured per spec or pool.
+GPU_RESOURCE = "nvidia.com/gpu"
+#: An extended resource name: ``<domain>/<name>`` (Kubernetes' qualified name with a DNS prefix), e.g.
+#: ``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``, ``nvidia.com/gpu.shared``.
+EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+GpuResourceName = Annotated[str, Field(min_length=3, max_length=QUALIFIED_NAME_MAX, pattern=EXTENDED_RESOURCE_PATTERN)]
+
+
 class TritonSpec(_Model):
     """The Triton pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    " && ".join(
+                        f"(!has(self.resources.{m}) || self.resources.{m}.all(k, "
+                        "!k.startsWith('nvidia.com/') || k == self.gpuResource))"
+                        for m in ("requests", "limits")
+                    ),
+                    "an nvidia.com/ resource other than gpuResource is a GPU nothing would count: name it in "
+                    "gpuResource and count it in gpusPerReplica",
+                    ".resources",
+                ),
+            ]
+        }
+    )
 
     image: str = Field(
         default=DEFAULT_TRITON_IMAGE,
@@ -514,11 +539,22 @@ class TritonSpec(_Model):
         default=1,
         ge=0,
         le=64,
-        description="Whole GPUs per replica (nvidia.com/gpu limit = request). 0 runs on CPU (KIND_CPU).",
+        description=(
+            "Units of gpuResource per replica (limit = request): whole GPUs, or MIG slices when gpuResource "
+            "names one. 0 runs on CPU (KIND_CPU). GPU-hours count these units."
+        ),
+    )
+    gpuResource: GpuResourceName = Field(
+        default=GPU_RESOURCE,
+        description=(
+            "The extended resource that is the replica's GPU: nvidia.com/gpu, a MIG slice such as "
+            "nvidia.com/mig-1g.10gb, or any resource a device plugin advertises. Instance groups are KIND_GPU "
+            "for any of them."
+        ),
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
-        description="Extra resources; nvidia.com/gpu, if given, must equal gpusPerReplica in requests and limits.",
+        description="Extra resources; gpuResource, if given, must equal gpusPerReplica in requests and limits.",
     )
     nodeSelector: dict[QualifiedName, Annotated[str, Field(max_length=LABEL_VALUE_MAX, pattern=PRINTABLE)]] = Field(
         default_factory=dict, max_length=32, description="Node labels the Triton pods must run on."
@@ -528,6 +564,62 @@ class TritonSpec(_Model):
     )
     args: list[Annotated[str, Field(max_length=PATH_MAX, pattern=PRINTABLE)]] = Field(
         default_factory=list, max_length=16, description="Extra tritonserver arguments."
+    )
+
+
+class PlacementMode(StrEnum):
+    """Where a model's replicas run (spec.placement.mode)."""
+
+    DEDICATED = "Dedicated"
+    SHARED = "Shared"
+    AUTO = "Auto"
+
+
+#: A Kubernetes object name (DNS-1123 subdomain), e.g. a GPUPool's.
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+#: Largest GPU memory figure, MiB (1 TiB: beyond every GPU made).
+GPU_MEMORY_MIB_MAX = 1_048_576
+
+
+class PlacementSpec(_Model):
+    """Whether the model has GPUs of its own or shares a GPUPool's Triton pods with other models."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.mode == 'Dedicated' || has(self.pool)",
+                    "pool is required when mode is Shared or Auto",
+                    ".pool",
+                ),
+            ]
+        }
+    )
+
+    mode: PlacementMode = Field(
+        default=PlacementMode.DEDICATED,
+        json_schema_extra={"maxLength": 16},  # bounds the CEL rule's cost estimate
+        description=(
+            "Dedicated: replicas of its own (the default). Shared: always on the pool's shared pods. Auto: on "
+            "the pool's pods while its load is below what one GPU serves at its SLA, on dedicated replicas when "
+            "it fills one (with the joint plan's hysteresis)."
+        ),
+    )
+    pool: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=OBJECT_NAME_PATTERN,
+        description="Name of the GPUPool in the model's namespace (Shared and Auto).",
+    )
+    memoryMiB: int | None = Field(
+        default=None,
+        ge=1,
+        le=GPU_MEMORY_MIB_MAX,
+        description=(
+            "GPU memory the loaded model holds (weights, workspace, activations at its largest batch), MiB. "
+            "Without it the operator uses the measured figure, else a default of 2048."
+        ),
     )
 
 
@@ -558,6 +650,7 @@ class BatchedModelSpec(_Model):
     profiling: ProfilingSpec = Field(default_factory=ProfilingSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     triton: TritonSpec = Field(default_factory=TritonSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
 
     @property
     def profile_source(self) -> ProfileSource:

@@ -6,6 +6,7 @@ Every float here is finite (JSON has no NaN); writers round before comparing so 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -138,6 +139,44 @@ class ScalingVote(_Status):
     ready: int = Field(ge=0, description="Ready replicas at that tick.")
 
 
+#: Most pod names status.placement lists (a pool's pods beyond it are counted in ``podCount`` only): 16 names of at
+#: most 253 characters keep the status small.
+PLACEMENT_PODS_MAX = 16
+
+
+class PlacementStatus(_Status):
+    """Where the model is served and why: its own replicas or a GPUPool's shared pods (spec.placement)."""
+
+    mode: str = Field(
+        max_length=16, pattern=r"^(Dedicated|Shared)$", description="Where it is served now: Dedicated or Shared."
+    )
+    pool: str | None = Field(default=None, max_length=253, description="The GPUPool serving it (Shared).")
+    pods: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list,
+        max_length=PLACEMENT_PODS_MAX,
+        description="Pods it is loaded and ready on, sorted (the first 16).",
+    )
+    podCount: int = Field(default=0, ge=0, le=100_000, description="Pods it is loaded and ready on, all of them.")
+    gpuShare: float | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description=(
+            "GPUs of the plan's GPU time it takes: its predicted busy time per second over the GPUs it is on "
+            "(a fraction of one GPU when shared; its replicas' GPUs when dedicated)."
+        ),
+    )
+    planHeadroom: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Fraction of its shared GPU's time the joint plan leaves unused at the planned rates.",
+    )
+    reason: str = Field(default="", max_length=64, description="Why it is served there (a reason, CamelCase).")
+    message: str = Field(default="", max_length=1024, description="The numbers behind the reason.")
+    since: str | None = Field(default=None, max_length=64, description="When it last moved, RFC 3339.")
+
+
 class BatchedModelStatus(_Status):
     """Status subresource of a BatchedModel."""
 
@@ -155,6 +194,7 @@ class BatchedModelStatus(_Status):
     observed: ObservedStatus | None = None
     measuredProfile: MeasuredProfileStatus | None = None
     plannedProfile: PlannedProfileStatus | None = None
+    placement: PlacementStatus | None = None
     scalingHistory: list[ScalingVote] | None = Field(
         default=None,
         description=(

@@ -17,18 +17,23 @@ from pydantic import ValidationError
 
 from batchfill.api.errors import Problem, SpecError, field_path
 from batchfill.api.reasons import SpecReason
+from batchfill.api.spec import GPU_RESOURCE as SPEC_GPU_RESOURCE
 from batchfill.api.spec import (
     KIND,
     MIN_REPLICAS_ZERO,
     BatchedModel,
     BatchedModelSpec,
     DataType,
+    PlacementMode,
     SequenceStrategy,
     TaintEffect,
     TolerationOperator,
 )
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = SPEC_GPU_RESOURCE  # re-exported: the default spec.triton.gpuResource
+#: Domain of NVIDIA's device-plugin resources (whole GPUs, MIG slices, time-sliced GPUs): a resource of it other
+#: than spec.triton.gpuResource is a GPU the plan, the instance groups and the GPU-hours would not count.
+NVIDIA_DOMAIN = "nvidia.com/"
 #: Backends/platforms that cannot run without a GPU.
 GPU_ONLY = frozenset({"tensorrt", "tensorrt_plan", "tensorrtllm"})
 
@@ -174,6 +179,10 @@ def check_spec(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a flat l
 
     p.extend(_check_tensors(spec, batching_off))
     p.extend(_check_resources(spec))
+    if spec.placement.mode is not PlacementMode.DEDICATED and spec.placement.pool is None:
+        p.append(
+            Problem("spec.placement.pool", f"is required when mode is {spec.placement.mode} (the GPUPool to share)")
+        )
     p.extend(_check_pod_fields(spec))
 
     if spec.scaling.minReplicas > spec.scaling.maxReplicas:
@@ -279,9 +288,19 @@ def _quantity_to_number(q: int | str) -> float | None:
 def _check_resources(spec: BatchedModelSpec) -> list[Problem]:
     p: list[Problem] = []
     t = spec.triton
-    req, lim = t.resources.requests.get(GPU_RESOURCE), t.resources.limits.get(GPU_RESOURCE)
-    r_path = f"spec.triton.resources.requests[{GPU_RESOURCE}]"
-    l_path = f"spec.triton.resources.limits[{GPU_RESOURCE}]"
+    gpu = t.gpuResource
+    req, lim = t.resources.requests.get(gpu), t.resources.limits.get(gpu)
+    r_path = f"spec.triton.resources.requests[{gpu}]"
+    l_path = f"spec.triton.resources.limits[{gpu}]"
+    for group, quantities in (("requests", t.resources.requests), ("limits", t.resources.limits)):
+        for name in sorted(n for n in quantities if n.startswith(NVIDIA_DOMAIN) and n != gpu):
+            p.append(
+                Problem(
+                    f"spec.triton.resources.{group}[{name}]",
+                    f"is a GPU resource but spec.triton.gpuResource={gpu}: set gpuResource={name} and count it "
+                    "in gpusPerReplica (else the instance groups run KIND_CPU and no GPU-hours are counted)",
+                )
+            )
     for path, q in ((r_path, req), (l_path, lim)):
         if q is None:
             continue
@@ -434,7 +453,7 @@ def _check_pod_fields(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a
                 values.setdefault(group, {})[name] = n
     requests, limits = values.get("requests", {}), values.get("limits", {})
     for name in sorted(set(requests) & set(limits)):
-        if name == GPU_RESOURCE:
+        if name == t.gpuResource:
             continue  # _check_resources names the GPU rule
         where = f"spec.triton.resources.requests[{name}]"
         if "/" in name and "kubernetes.io/" not in name and requests[name] != limits[name]:

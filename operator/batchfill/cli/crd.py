@@ -1,4 +1,5 @@
-"""`batchfill crd`: print the BatchedModel CustomResourceDefinition, generated from the pydantic models (YAML)."""
+"""`batchfill crd`: print the BatchedModel (or, with ``--kind GPUPool``, the GPUPool) CustomResourceDefinition,
+generated from the pydantic models (YAML)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import sys
 
 from rich.console import Console
 
-from batchfill.api.crd import render_crd_yaml
+from batchfill.api.crd import render_crd_yaml, render_pool_crd_yaml
 from batchfill.cli.common import EXIT_OK
 
 
 def command(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """Write the CRD to standard output (crds/batchedmodel.yaml is this output)."""
-    sys.stdout.write(render_crd_yaml())
+    """Write the CRD to standard output (crds/batchedmodel.yaml, or crds/gpupool.yaml, is this output)."""
+    pool = getattr(args, "kind", "BatchedModel") == "GPUPool"
+    sys.stdout.write(render_pool_crd_yaml() if pool else render_crd_yaml())
     return EXIT_OK

@@ -367,7 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0, help="seed of the trace and the planner (default 0)")
     sim.set_defaults(func=cmd_simulate)
 
-    c = sub.add_parser("crd", help="print the BatchedModel CustomResourceDefinition (YAML)")
+    c = sub.add_parser("crd", help="print the BatchedModel (or GPUPool) CustomResourceDefinition (YAML)")
+    c.add_argument(
+        "--kind", choices=("BatchedModel", "GPUPool"), default="BatchedModel",
+        help="which CRD: BatchedModel (crds/batchedmodel.yaml, the default) or GPUPool (crds/gpupool.yaml)",
+    )  # fmt: skip
     c.set_defaults(func=cmd_crd)
     return parser
 

@@ -126,7 +126,8 @@ class Setup:
 
     @property
     def gpus_per_replica(self) -> int:
-        """GPUs each replica holds; a CPU-only spec (0) counts one accelerator per replica."""
+        """Units of spec.triton.gpuResource each replica holds (whole GPUs, or MIG slices: GPU-hours count these
+        units); a CPU-only spec (0) counts one accelerator per replica."""
         return max(1, self.spec.triton.gpusPerReplica)
 
 

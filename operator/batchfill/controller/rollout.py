@@ -46,10 +46,11 @@ def rollout_in_progress(deployment: Mapping[str, Any]) -> bool:
     )
 
 
-def gpu_blocked_since(pods: Sequence[Mapping[str, Any]]) -> float | None:
+def gpu_blocked_since(pods: Sequence[Mapping[str, Any]], resource: str = GPU_RESOURCE) -> float | None:
     """When the longest-unschedulable pod (not terminating) became unschedulable for want of GPUs (epoch s), or None.
 
-    The scheduler's message names the resource: ``0/4 nodes are available: 4 Insufficient nvidia.com/gpu.``
+    The scheduler's message names the resource: ``0/4 nodes are available: 4 Insufficient nvidia.com/gpu.``;
+    ``resource`` is the pods' GPU (spec.triton.gpuResource: a MIG slice's name there).
     """
     since: float | None = None
     for pod in pods:
@@ -59,7 +60,7 @@ def gpu_blocked_since(pods: Sequence[Mapping[str, Any]]) -> float | None:
             if (
                 c.get("type") == "PodScheduled"
                 and c.get("status") == "False"
-                and f"Insufficient {GPU_RESOURCE}" in str(c.get("message") or "")
+                and f"Insufficient {resource}" in str(c.get("message") or "")
             ):
                 t = parse_rfc3339(c.get("lastTransitionTime"))
                 if t is not None and (since is None or t < since):
@@ -67,15 +68,17 @@ def gpu_blocked_since(pods: Sequence[Mapping[str, Any]]) -> float | None:
     return since
 
 
-def in_place_reason(deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: float) -> str:
-    """Why the Deployment should now switch from surge to in place (empty: it should not)."""
+def in_place_reason(
+    deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: float, resource: str = GPU_RESOURCE
+) -> str:
+    """Why the Deployment should now switch from surge to in place (empty: it should not); ``resource``: the GPU."""
     if rolls_in_place(deployment) or not rollout_in_progress(deployment):
         return ""
-    since = gpu_blocked_since(pods)
+    since = gpu_blocked_since(pods, resource)
     if since is None or now - since < SURGE_BLOCKED_AFTER_S:
         return ""
     return (
-        f"no free {GPU_RESOURCE} for a surge pod for {now - since:.0f} s: rolling in place, one replica at a time "
+        f"no free {resource} for a surge pod for {now - since:.0f} s: rolling in place, one replica at a time "
         "(one replica fewer while each new pod loads the model)"
     )
 

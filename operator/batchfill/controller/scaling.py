@@ -28,7 +28,7 @@ from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.metrics import SignalTarget
 from batchfill.api.errors import SpecError
 from batchfill.api.reasons import ConditionType, EventReason, ScalingReason, SignalsReason
-from batchfill.api.spec import ScalingMode
+from batchfill.api.spec import GPU_RESOURCE, ScalingMode
 from batchfill.api.status import ConditionStatus, PlannedProfileSource
 from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.pods import PodCounts, pod_counts
@@ -141,6 +141,7 @@ class TickMetrics:
     gpus_per_replica: int
     gpu_holding_replicas: int
     elapsed_s: float
+    gpu_resource: str = GPU_RESOURCE
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     replicas = _replicas(current, pods, signals)
     decision = decide(ScalingInput(now, signals, numbers, spec.scaling, replicas, history, memory.saturation))
     target = decision.desired_replicas if decision.apply else current
-    in_place = in_place_reason(deployment, inputs.pods, now)
+    in_place = in_place_reason(deployment, inputs.pods, now, spec.triton.gpuResource)
     events = (
         *_scale_events(status, deployment, signals, desired, decision, current, target, restored),
         *rollback_events(status, deployment, desired),
@@ -306,7 +307,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     metrics = TickMetrics(decision=decision, signals=signals, replicas=target, ready=len(pods.ready),
                           capacity_rps=plan.capacityPerReplicaRps, server_budget_ms=plan.serverBudgetMs,
                           gpus_per_replica=spec.triton.gpusPerReplica, gpu_holding_replicas=memory.holding,
-                          elapsed_s=elapsed_s)  # fmt: skip
+                          elapsed_s=elapsed_s, gpu_resource=spec.triton.gpuResource)  # fmt: skip
     return ScalePlan(
         status=changed_fields(status, wanted),
         service_monitor=monitor,
@@ -447,4 +448,5 @@ def _observe(namespace: str, name: str, m: TickMetrics) -> None:
         gpus_per_replica=m.gpus_per_replica,
         gpu_holding_replicas=m.gpu_holding_replicas,
         elapsed_s=m.elapsed_s,
+        gpu_resource=m.gpu_resource,
     )

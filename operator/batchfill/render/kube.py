@@ -17,7 +17,6 @@ from typing import Any
 
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import API_VERSION, KIND, BatchedModelSpec
-from batchfill.api.validate import GPU_RESOURCE
 
 #: The server-side apply field manager of every write batchfill makes (managedFields tell its writes from others').
 FIELD_MANAGER = "batchfill"
@@ -174,18 +173,20 @@ def build_configmap(
 
 
 def _gpu_resources(spec: BatchedModelSpec) -> dict[str, dict[str, Any]]:
-    """Container resources: the user's, with nvidia.com/gpu set in limits AND requests to gpusPerReplica.
+    """Container resources: the user's, with ``spec.triton.gpuResource`` (nvidia.com/gpu, a MIG slice, ...) set in
+    limits AND requests to gpusPerReplica.
 
     Extended resources cannot be overcommitted: requests must equal limits
     (docs/field-cases.md#gpu-requests-limits). validate.py has already rejected a user value that disagrees with
     gpusPerReplica.
     """
-    requests = {k: v for k, v in spec.triton.resources.requests.items() if k != GPU_RESOURCE}
-    limits = {k: v for k, v in spec.triton.resources.limits.items() if k != GPU_RESOURCE}
+    gpu = spec.triton.gpuResource
+    requests = {k: v for k, v in spec.triton.resources.requests.items() if k != gpu}
+    limits = {k: v for k, v in spec.triton.resources.limits.items() if k != gpu}
     gpus = spec.triton.gpusPerReplica
     if gpus > 0:
-        limits[GPU_RESOURCE] = str(gpus)
-        requests[GPU_RESOURCE] = str(gpus)
+        limits[gpu] = str(gpus)
+        requests[gpu] = str(gpus)
     out: dict[str, dict[str, Any]] = {}
     if requests:
         out["requests"] = {k: str(v) for k, v in sorted(requests.items())}
