@@ -342,11 +342,12 @@ EXPECTED_RULES: dict[str, list[str]] = {
         "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
         "!has(self.minReplicas) || self.minReplicas >= 1",
     ],
-    "spec.placement": ["self.mode == 'Dedicated' || has(self.pool)"],
+    "spec.placement": ["!has(self.mode) || self.mode == 'Dedicated' || has(self.pool)"],
     "spec.triton": [
-        "(!has(self.resources.requests) || self.resources.requests.all(k, !k.startsWith('nvidia.com/') || "
-        "k == self.gpuResource)) && (!has(self.resources.limits) || self.resources.limits.all(k, "
-        "!k.startsWith('nvidia.com/') || k == self.gpuResource))"
+        "!has(self.resources) || ((!has(self.resources.requests) || self.resources.requests.all(k, "
+        "!k.startsWith('nvidia.com/') || k == (has(self.gpuResource) ? self.gpuResource : 'nvidia.com/gpu'))) && "
+        "(!has(self.resources.limits) || self.resources.limits.all(k, !k.startsWith('nvidia.com/') || "
+        "k == (has(self.gpuResource) ? self.gpuResource : 'nvidia.com/gpu'))))"
     ],
     # maps: the lengths of their keys (and of quantity strings), which a structural schema cannot bound otherwise,
     # and their keys' characters (printable ASCII, so kopf's escaped copy of the spec stays within its budget)
@@ -402,6 +403,36 @@ def test_cel_rules_name_only_fields_of_their_node() -> None:
             assert fields <= known, f"{path}: {rule['rule']!r} names {sorted(fields - known)}"
             if "fieldPath" in rule:
                 assert rule["fieldPath"].lstrip(".") in node["properties"], f"{path}: {rule['fieldPath']}"
+
+
+def _defaulted_nodes_with_rules(node: Any, path: str = "") -> Iterator[tuple[str, Any, list[str]]]:
+    if isinstance(node, dict):
+        if "default" in node and node.get("x-kubernetes-validations"):
+            yield path, node["default"], [r["rule"] for r in node["x-kubernetes-validations"]]
+        for key, value in node.items():
+            yield from _defaulted_nodes_with_rules(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _defaulted_nodes_with_rules(value, f"{path}[{i}]")
+
+
+@pytest.mark.parametrize("build", [build_crd, crd_module.build_pool_crd], ids=["BatchedModel", "GPUPool"])
+def test_cel_rules_on_a_defaulted_object_guard_what_its_default_lacks(build: Any) -> None:
+    """The API server evaluates each rule against the node's default as written, nested defaults not filled in.
+
+    A rule on a ``default: {}`` object that reads ``self.mode`` unguarded makes the whole CRD invalid
+    ("no such key: mode evaluating rule"), which only a real API server reports; so every field a rule reads
+    that the default does not hold is read behind ``has(self.<field>)``.
+    """
+    found = list(_defaulted_nodes_with_rules(build()))
+    assert found, "no defaulted object has a rule: the check checks nothing"
+    for path, default, rules in found:
+        for rule in rules:
+            for name in set(re.findall(r"self\.(\w+)", rule)) - set(default):
+                guard = rule.find(f"has(self.{name})")
+                assert 0 <= guard <= rule.find(f"self.{name}"), (
+                    f"{path}: {rule!r} reads self.{name}, which its default {default!r} lacks, without has()"
+                )
 
 
 def test_cel_cost_is_bounded() -> None:

@@ -54,10 +54,14 @@ class PoolTritonSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    " && ".join(
+                    # Guarded by has(self.resources): the API server checks the rule against `default: {}`
+                    # as written (see batchfill.api.spec.TritonSpec).
+                    "!has(self.resources) || ("
+                    + " && ".join(
                         f"(!has(self.resources.{m}) || self.resources.{m}.all(k, !k.startsWith('nvidia.com/')))"
                         for m in ("requests", "limits")
-                    ),
+                    )
+                    + ")",
                     "the pool's GPU is spec.gpuResource and spec.gpusPerPod, not triton.resources",
                     ".resources",
                 ),

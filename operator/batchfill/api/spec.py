@@ -515,11 +515,16 @@ class TritonSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    " && ".join(
+                    # The API server checks each rule against the field's `default: {}` as written, nested
+                    # defaults not filled in, so every field a rule reads is guarded by has().
+                    "!has(self.resources) || ("
+                    + " && ".join(
                         f"(!has(self.resources.{m}) || self.resources.{m}.all(k, "
-                        "!k.startsWith('nvidia.com/') || k == self.gpuResource))"
+                        "!k.startsWith('nvidia.com/') || k == (has(self.gpuResource) ? self.gpuResource : "
+                        f"'{GPU_RESOURCE}')))"
                         for m in ("requests", "limits")
-                    ),
+                    )
+                    + ")",
                     "an nvidia.com/ resource other than gpuResource is a GPU nothing would count: name it in "
                     "gpuResource and count it in gpusPerReplica",
                     ".resources",
@@ -588,7 +593,7 @@ class PlacementSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.mode == 'Dedicated' || has(self.pool)",
+                    "!has(self.mode) || self.mode == 'Dedicated' || has(self.pool)",  # see TritonSpec's rule
                     "pool is required when mode is Shared or Auto",
                     ".pool",
                 ),
