@@ -104,6 +104,10 @@ P99_SUMMARY_WINDOW_S = 60.0
 FAILURE_FRACTION = TOLERANCE
 #: How long the load per replica at which the Ready replicas were saturated bounds scale-in (rule 7), seconds.
 SATURATION_MEMORY_S = 3600.0
+#: Votes younger than this (s) keep the target's headroom in the scale-in stabilization window; older ones count
+#: at full capacity (rule 7, :func:`stabilization_votes`). Two windows of signals: a new replica needs one
+#: start-up (60 s in the simulator) and a window to show in the signals, so a load that returns is seen in time.
+FAST_SCALE_IN_S = 120.0
 #: Upper cap of the unbounded recommendation, so absurd inputs give a finite int.
 MAX_RECOMMENDATION = 1_000_000
 
@@ -225,6 +229,24 @@ class Decision:
     @property
     def changes_replicas(self) -> bool:
         return self.desired_replicas != self.current_replicas
+
+
+def stabilization_votes(history: tuple[Recommendation, ...], now: float, window_s: float, u: float) -> list[int]:
+    """The counts the scale-in stabilization window keeps (rule 7): every vote of the last
+    ``min(window_s, FAST_SCALE_IN_S)`` as cast, and each older vote of the window at full capacity.
+
+    A vote ``v`` at target utilization ``u`` says the load was at most ``v·u·C``; ``ceil(v·u)`` replicas carried
+    it at their capacity at SLA. Asymmetric scale-in: after ``FAST_SCALE_IN_S`` a count that held every load of
+    the whole window at capacity is enough, and within it the target's headroom still applies, so a scale-in
+    never goes below a count the last minutes wanted. ``u`` outside (0, 1] keeps every vote as cast.
+    """
+    fast_s = min(window_s, FAST_SCALE_IN_S)
+    full = 0 < u <= 1
+    return [
+        h.replicas if h.time > now - fast_s or not full else math.ceil(h.replicas * u - 1e-9)
+        for h in history
+        if h.time > now - window_s
+    ]
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -351,7 +373,7 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
         + (f"; backlog {backlog:.0f} requests, ~{_fmt(backlog_wait_ms, ' ms')} to serve" if backlog_risk else "")
         + (f"; {sig.failure_rate_rps:.3g} failed req/s ({failure_fraction:.0%})" if failure_fraction else "")
     )
-    in_stab = [h.replicas for h in history if h.time > now - window_s]
+    in_stab = stabilization_votes(history, now, window_s, u)
     pending_note = f"; {pending} Pending: {rep.pending_reason or 'unschedulable'}" if pending else ""
     if failing:
         pending_note += f"; {failing} failing: {rep.failing_reason or 'not Ready'}"
