@@ -43,7 +43,10 @@ Rules, the first that applies decides:
    neither idle nor healthy: the success rate leaves the failed demand out, so it is not scaled in
    (HoldRequestsFailing; it votes for the current count, so a window of healthy data passes before a scale-in).
 7. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
-   HoldStabilizing), never while saturated or at risk; no step bound (HPA's default 100 % scale-down policy),
+   HoldStabilizing), never while saturated or at risk; asymmetric: votes of the last ``FAST_SCALE_IN_S`` count as
+   cast, older ones at full capacity (``ceil(u·v)``: the count that carried that vote's load at C,
+   :func:`stabilization_votes`), so a peak minutes ago holds back only the replicas its load needed; no step
+   bound (HPA's default 100 % scale-down policy),
    so 3 → 1 happens at the first tick after the window (docs/field-cases.md#no-traffic). A vote is never a count
    the scale-out rules would refuse, or the model would scale in, then out a tick later. It is not below the
    count ``n`` at which the window's batches, their samples beyond the first spread over fewer replicas
