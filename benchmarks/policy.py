@@ -132,7 +132,8 @@ def verdicts(ours: FleetRun, keda: FleetRun, bound_s: float) -> list[str]:
     return [
         ("met" if ok1 else "**missed**") + f" ({ratio:.3f} x, {ours.slo_attainment:.3%})",
         ("met" if ok2 else "**missed**")
-        + f" ({saving:+.1%} GPU-hours, attainment {ours.slo_attainment - keda.slo_attainment:+.3%})",
+        + f" ({abs(saving):.1%} {'fewer' if saving >= 0 else 'more'} GPU-hours, attainment "
+        f"{ours.slo_attainment - keda.slo_attainment:+.3%})",
         ("met" if ok3 else "**missed**") + f" ({ours.scale_events} vs {keda.scale_events})",
     ]
 
