@@ -72,10 +72,12 @@ from typing import NamedTuple
 from batchfill.api.reasons import ScalingReason
 from batchfill.api.spec import ScalingMode, ScalingSpec
 from batchfill.api.status import PlanStatus
+from batchfill.policy.scaling_history import FAST_SCALE_IN_S as FAST_SCALE_IN_S
 from batchfill.policy.scaling_history import Recommendation as Recommendation
 from batchfill.policy.scaling_history import compact_history as compact_history
 from batchfill.policy.scaling_history import expand_history as expand_history
 from batchfill.policy.scaling_history import history_to_store as history_to_store
+from batchfill.policy.scaling_history import stabilization_votes as stabilization_votes
 from batchfill.policy.signals import ModelSignals, SignalState
 
 #: Relative band around the current count in which the load-proportional recommendation keeps it (HPA: 0.1).
@@ -107,10 +109,6 @@ P99_SUMMARY_WINDOW_S = 60.0
 FAILURE_FRACTION = TOLERANCE
 #: How long the load per replica at which the Ready replicas were saturated bounds scale-in (rule 7), seconds.
 SATURATION_MEMORY_S = 3600.0
-#: Votes younger than this (s) keep the target's headroom in the scale-in stabilization window; older ones count
-#: at full capacity (rule 7, :func:`stabilization_votes`). Two windows of signals: a new replica needs one
-#: start-up (60 s in the simulator) and a window to show in the signals, so a load that returns is seen in time.
-FAST_SCALE_IN_S = 120.0
 #: Upper cap of the unbounded recommendation, so absurd inputs give a finite int.
 MAX_RECOMMENDATION = 1_000_000
 
@@ -232,24 +230,6 @@ class Decision:
     @property
     def changes_replicas(self) -> bool:
         return self.desired_replicas != self.current_replicas
-
-
-def stabilization_votes(history: tuple[Recommendation, ...], now: float, window_s: float, u: float) -> list[int]:
-    """The counts the scale-in stabilization window keeps (rule 7): every vote of the last
-    ``min(window_s, FAST_SCALE_IN_S)`` as cast, and each older vote of the window at full capacity.
-
-    A vote ``v`` at target utilization ``u`` says the load was at most ``v·u·C``; ``ceil(v·u)`` replicas carried
-    it at their capacity at SLA. Asymmetric scale-in: after ``FAST_SCALE_IN_S`` a count that held every load of
-    the whole window at capacity is enough, and within it the target's headroom still applies, so a scale-in
-    never goes below a count the last minutes wanted. ``u`` outside (0, 1] keeps every vote as cast.
-    """
-    fast_s = min(window_s, FAST_SCALE_IN_S)
-    full = 0 < u <= 1
-    return [
-        h.replicas if h.time > now - fast_s or not full else math.ceil(h.replicas * u - 1e-9)
-        for h in history
-        if h.time > now - window_s
-    ]
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
