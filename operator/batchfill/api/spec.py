@@ -441,7 +441,11 @@ class ScalingSpec(_Model):
         description="Fraction of a replica's capacity at SLA it may carry before another is added.",
     )
     scaleDownStabilizationSeconds: int = Field(
-        default=300, ge=0, le=86_400, description="Scale in only if every decision in this window allowed it."
+        default=300,
+        ge=0,
+        le=86_400,
+        description="Scale in only if every decision in this window allowed it: those of the last 120 s at "
+        "targetUtilization, older ones at full capacity.",
     )
     mode: ScalingMode = Field(
         default=ScalingMode.AUTO,

@@ -43,7 +43,10 @@ Rules, the first that applies decides:
    neither idle nor healthy: the success rate leaves the failed demand out, so it is not scaled in
    (HoldRequestsFailing; it votes for the current count, so a window of healthy data passes before a scale-in).
 7. Scale in to the largest recommendation of the stabilization window (ScaleInLoadFits, ScaleInIdle,
-   HoldStabilizing), never while saturated or at risk; no step bound (HPA's default 100 % scale-down policy),
+   HoldStabilizing), never while saturated or at risk; asymmetric: votes of the last ``FAST_SCALE_IN_S`` count as
+   cast, older ones at full capacity (``ceil(u·v)``: the count that carried that vote's load at C,
+   :func:`stabilization_votes`), so a peak minutes ago holds back only the replicas its load needed; no step
+   bound (HPA's default 100 % scale-down policy),
    so 3 → 1 happens at the first tick after the window (docs/field-cases.md#no-traffic). A vote is never a count
    the scale-out rules would refuse, or the model would scale in, then out a tick later. It is not below the
    count ``n`` at which the window's batches, their samples beyond the first spread over fewer replicas
@@ -69,10 +72,12 @@ from typing import NamedTuple
 from batchfill.api.reasons import ScalingReason
 from batchfill.api.spec import ScalingMode, ScalingSpec
 from batchfill.api.status import PlanStatus
+from batchfill.policy.scaling_history import FAST_SCALE_IN_S as FAST_SCALE_IN_S
 from batchfill.policy.scaling_history import Recommendation as Recommendation
 from batchfill.policy.scaling_history import compact_history as compact_history
 from batchfill.policy.scaling_history import expand_history as expand_history
 from batchfill.policy.scaling_history import history_to_store as history_to_store
+from batchfill.policy.scaling_history import stabilization_votes as stabilization_votes
 from batchfill.policy.signals import ModelSignals, SignalState
 
 #: Relative band around the current count in which the load-proportional recommendation keeps it (HPA: 0.1).
@@ -351,7 +356,7 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
         + (f"; backlog {backlog:.0f} requests, ~{_fmt(backlog_wait_ms, ' ms')} to serve" if backlog_risk else "")
         + (f"; {sig.failure_rate_rps:.3g} failed req/s ({failure_fraction:.0%})" if failure_fraction else "")
     )
-    in_stab = [h.replicas for h in history if h.time > now - window_s]
+    in_stab = stabilization_votes(history, now, window_s, u)
     pending_note = f"; {pending} Pending: {rep.pending_reason or 'unschedulable'}" if pending else ""
     if failing:
         pending_note += f"; {failing} failing: {rep.failing_reason or 'not Ready'}"

@@ -9,6 +9,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+#: Votes younger than this (s) keep the target's headroom in the scale-in stabilization window; older ones count
+#: at full capacity (:func:`stabilization_votes`). Two windows of signals: a new replica needs one start-up (60 s
+#: in the simulator) and a window to show in the signals, so a load that returns is seen in time.
+FAST_SCALE_IN_S = 120.0
+
 
 class Recommendation(NamedTuple):
     """One tick's vote: at ``time`` (s) the load needed ``replicas`` while ``ready`` replicas were Ready."""
@@ -64,3 +69,21 @@ def expand_history(
             out.append(Recommendation(t, h.replicas, h.ready))
             t += step_s
     return tuple(out)
+
+
+def stabilization_votes(history: tuple[Recommendation, ...], now: float, window_s: float, u: float) -> list[int]:
+    """The counts the scale-in stabilization window keeps (rule 7 of :mod:`batchfill.policy.scaling`): every vote
+    of the last ``min(window_s, FAST_SCALE_IN_S)`` as cast, and each older vote of the window at full capacity.
+
+    A vote ``v`` at target utilization ``u`` says the load was at most ``v·u·C``; ``ceil(v·u)`` replicas carried
+    it at their capacity at SLA. Asymmetric scale-in: after ``FAST_SCALE_IN_S`` a count that held every load of
+    the whole window at capacity is enough, and within it the target's headroom still applies, so a scale-in
+    never goes below a count the last minutes wanted. ``u`` outside (0, 1] keeps every vote as cast.
+    """
+    fast_s = min(window_s, FAST_SCALE_IN_S)
+    full = 0 < u <= 1
+    return [
+        h.replicas if h.time > now - fast_s or not full else math.ceil(h.replicas * u - 1e-9)
+        for h in history
+        if h.time > now - window_s
+    ]

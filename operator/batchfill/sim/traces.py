@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -348,3 +348,120 @@ def parse_rate_file(text: str) -> list[float]:
     if not rates:
         raise ValueError("the rate file holds no rates")
     return rates
+
+
+#: Day shapes of :func:`noisy_day`: the fraction of the day's peak at phase ``x`` in [0, 1) of the period.
+DAY_SHAPES = ("single", "double", "plateau")
+
+
+def _day_shape(shape: str, x: FloatArray) -> FloatArray:
+    """Relative rate in [0, 1] of a day shape at phase ``x`` (0 = midnight, 0.5 = noon)."""
+    if shape == "single":  # the squared raised cosine of :func:`diurnal`, peak at 14h
+        out: FloatArray = ((1.0 + np.cos(2.0 * np.pi * (x - 14.0 / 24.0))) / 2.0) ** 2
+    elif shape == "double":  # a morning and a (higher) evening peak
+        out = np.maximum(
+            0.8 * ((1.0 + np.cos(2.0 * np.pi * (x - 10.0 / 24.0))) / 2.0) ** 6,
+            ((1.0 + np.cos(2.0 * np.pi * (x - 20.0 / 24.0))) / 2.0) ** 6,
+        )
+    elif shape == "plateau":  # business hours: ramps of 2 h to a flat top from 9h to 17h
+        out = np.clip(np.minimum((x * 24.0 - 7.0) / 2.0, (19.0 - x * 24.0) / 2.0), 0.0, 1.0)
+    else:
+        raise ValueError(f"shape={shape!r}: choose from {', '.join(DAY_SHAPES)}")
+    return out
+
+
+def noisy_day(
+    mean_rps: float,
+    *,
+    shape: str = "single",
+    peak_to_trough: float = 5.0,
+    noise_sigma: float = 0.1,
+    noise_correlation: float = 0.5,
+    duration_s: float = 86_400.0,
+    period_s: float = 86_400.0,
+    seed: int = 0,
+) -> Trace:
+    """A day of Poisson traffic whose per-minute rate is a day shape times log-normal noise.
+
+    Minute ``m`` has rate ``trough · (1 + (r − 1)·s(x_m)) · exp(σ·z_m − σ²/2)``, ``s`` a :data:`DAY_SHAPES`
+    shape at the minute's phase, ``z`` a stationary AR(1) series of unit variance with lag-one correlation ρ
+    (``noise_correlation``): the per-minute noise production traces show on top of the daily pattern (Azure
+    Functions, Shahrad et al., ATC'20). ``exp(σz − σ²/2)`` has mean 1, so the noise keeps the mean rate. The
+    arrivals within a minute are Poisson (so a minute's count is Poisson-modulated by the noise).
+
+    Raises:
+        ValueError: on a non-finite or out-of-range argument, or an unknown shape (the message names it).
+    """
+    _check("mean_rps", mean_rps, high=MAX_RATE_RPS)
+    _check("peak_to_trough", peak_to_trough, low=1.0, strict=False)
+    _check("noise_sigma", noise_sigma, strict=False, high=2.0)
+    _check("noise_correlation", noise_correlation, strict=False, high=0.99)
+    _check("duration_s", duration_s, high=MAX_REPLAY_MINUTES * 60.0)
+    _check("period_s", period_s)
+    minutes = math.ceil(duration_s / 60.0)
+    x = ((np.arange(minutes) + 0.5) * 60.0 / period_s) % 1.0
+    grid = _day_shape(shape, (np.arange(1440) + 0.5) / 1440.0)
+    # the trough is set so the noise-free rate averages mean_rps over a whole period
+    trough = mean_rps / (1.0 + (peak_to_trough - 1.0) * float(grid.mean()))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 16]))
+    eps = rng.standard_normal(minutes)
+    z = np.empty(minutes)
+    rho = noise_correlation
+    z[0] = eps[0]
+    for m in range(1, minutes):
+        z[m] = rho * z[m - 1] + math.sqrt(1.0 - rho * rho) * eps[m]
+    noise = np.exp(noise_sigma * z - noise_sigma**2 / 2)
+    rates = trough * (1.0 + (peak_to_trough - 1.0) * _day_shape(shape, x)) * noise
+    rates = np.minimum(rates, MAX_RATE_RPS)
+    trace = replay(rates.tolist(), seed=seed, name=f"day-{shape}")
+    return replace(
+        trace,
+        duration_s=duration_s,
+        description=f"noisy {shape} day: Poisson, mean {mean_rps:g} req/s over a {period_s / 3600:g} h day, "
+        f"peak/trough {peak_to_trough:g}, log-normal per-minute noise σ {noise_sigma:g} (AR(1) ρ {rho:g}), "
+        f"{duration_s / 3600:g} h, seed {seed}",
+        blocks_from=_piecewise_poisson(rates, 60.0, duration_s, seed),
+    )
+
+
+def bursty_minutes(
+    mean_rps: float,
+    *,
+    bursts_per_hour: float = 4.0,
+    burst_factor: float = 2.0,
+    burst_minutes: float = 3.0,
+    noise_sigma: float = 0.1,
+    duration_s: float = 3600.0,
+    seed: int = 0,
+) -> Trace:
+    """Poisson traffic at ``mean_rps`` with bursts: at Poisson times (``bursts_per_hour``) the rate rises to
+    ``burst_factor`` times the base for an exponentially distributed number of minutes (mean
+    ``burst_minutes``, at least one), plus the log-normal per-minute noise of :func:`noisy_day` (ρ 0.5).
+
+    Raises:
+        ValueError: on a non-finite or out-of-range argument (the message names it).
+    """
+    _check("mean_rps", mean_rps, high=MAX_RATE_RPS)
+    _check("bursts_per_hour", bursts_per_hour, strict=False, high=60.0)
+    _check("burst_factor", burst_factor, low=1.0, strict=False, high=100.0)
+    _check("burst_minutes", burst_minutes, high=60.0)
+    _check("noise_sigma", noise_sigma, strict=False, high=2.0)
+    _check("duration_s", duration_s, high=MAX_REPLAY_MINUTES * 60.0)
+    minutes = math.ceil(duration_s / 60.0)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 17]))
+    level = np.ones(minutes)
+    starts = np.flatnonzero(rng.random(minutes) < bursts_per_hour / 60.0)
+    for s in starts:
+        length = max(1, round(rng.exponential(burst_minutes)))
+        level[s : s + length] = burst_factor
+    noise = np.exp(noise_sigma * rng.standard_normal(minutes) - noise_sigma**2 / 2)
+    rates = np.minimum(mean_rps * level * noise, MAX_RATE_RPS)
+    return Trace(
+        name="bursty-minutes",
+        description=f"bursty: Poisson at {mean_rps:g} req/s, {bursts_per_hour:g} bursts/h of {burst_factor:g}x for "
+        f"~{burst_minutes:g} min, per-minute noise σ {noise_sigma:g}, {duration_s / 3600:g} h, seed {seed}",
+        duration_s=duration_s,
+        mean_rps=float(rates.mean()),
+        rate_at=lambda t: rates[np.clip((np.asarray(t, dtype=np.float64) // 60).astype(np.int64), 0, minutes - 1)],
+        blocks_from=_piecewise_poisson(rates, 60.0, duration_s, seed),
+    )
