@@ -193,8 +193,12 @@ def test_a_repack_happens_only_when_it_saves_enough() -> None:
     assert len(after.shared) == 1
     assert after.shared[0].gpu_id in {s.gpu_id for s in before.shared}
     assert after.moves == 4
-    # the same fall with a threshold no plan can meet keeps the placement in force
-    held = place(low, current=before, min_saving_fraction=1.0)
+    # emptying GPUs is adopted on its own threshold (one GPU saved), not the plan from scratch's (10 %)
+    emptied = place(low, current=before, min_saving_fraction=1.0)
+    assert not emptied.kept_current
+    assert emptied.assignment() == after.assignment()
+    # the same fall with thresholds no plan can meet (3 GPUs saved of 3) keeps the placement in force
+    held = place(low, current=before, min_saving_fraction=1.0, dissolve_min_saving=3)
     assert held.kept_current
     assert held.moves == 0
     assert held.gpus == before.gpus

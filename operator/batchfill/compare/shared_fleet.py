@@ -6,7 +6,8 @@ each period ``k``:
 * the joint plan (:func:`batchfill.policy.placement.plan_placement`) is made on ``planned_rps[k]`` (what the
   operator measured, e.g. the previous period's rates), keeping the placement in force unless re-packing pays
   (its hysteresis); one model per GPU runs ``max(1, ceil(λ / (u C)))`` replicas per model on the same rates;
-* both are served the period's true rates ``true_rps[k]``, split as planned (a model's dedicated GPUs each take
+* both are served the period's true rates ``true_rps[k]``, split as planned (or with the dedicated GPUs following
+  the true rate, ``follow_dedicated``: :func:`split_rate`) (a model's dedicated GPUs each take
   ``C / design rate`` of its traffic, its shared GPU the residual's share): every shared GPU is simulated
   (:func:`batchfill.sim.shared.simulate_shared`), and one replica of each dedicated set and of each model's one
   model per GPU set (:func:`batchfill.sim.batcher.simulate_batcher`; the replicas of a set are alike), for
@@ -29,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batchfill.api.spec import BatchedModelSpec
-from batchfill.policy.placement import ModelDemand, Placement, plan_placement
+from batchfill.policy.placement import ModelDemand, ModelPlacement, Placement, plan_placement
 from batchfill.policy.plan import PlanResult
 from batchfill.policy.profile import LatencyProfile
 from batchfill.sim.batcher import simulate_batcher
@@ -166,31 +167,76 @@ def _one_replica(
     return _counted(arr, run.latencies_ms, plan.server_budget_ms)
 
 
+def split_rate(m: ModelPlacement, true_rps: float, utilization: float, follow: bool) -> tuple[float, int, float]:
+    """(rate sent to its shared GPU, dedicated GPUs, rate sent to each of them), req/s, for one model of a placement
+    serving ``true_rps``.
+
+    Planned (``follow`` False): its planned dedicated GPUs, the traffic split by the planned rates (each dedicated GPU
+    ``C / design rate`` of it, the shared GPU ``shared rate / design rate``). Following the rate (``follow`` True),
+    a model with dedicated GPUs is scaled as the operator's scaling does every 15 s (policy/scaling.py; the
+    proportional count ``n* = ceil(rest / (u C))`` is the target, a scale-out needs evidence): its shared GPU takes the
+    planned share but at most the rate it was checked at, the rest goes to its dedicated GPUs, which scale out to
+    ``n*`` when each would carry more than ``C`` and in to ``n*`` when it is below the planned count. A model only on a
+    shared GPU is served as planned (a whole GPU for its excess is what the re-plan decides).
+    """
+    c = m.capacity_rps
+    share = m.shared_rate_rps / m.design_rate_rps if m.design_rate_rps > 0 else 1.0
+    if not m.dedicated_gpus:
+        return true_rps, 0, 0.0
+    if not follow:
+        each = true_rps * c / m.design_rate_rps
+        return (true_rps * share if m.shared_gpu is not None else 0.0), m.dedicated_gpus, each
+    to_shared = min(true_rps * share, m.shared_rate_rps) if m.shared_gpu is not None else 0.0
+    rest = true_rps - to_shared
+    n = followed_replicas(m.dedicated_gpus, rest, utilization, c)
+    return to_shared, n, rest / n
+
+
+def followed_replicas(planned: int, rate_rps: float, utilization: float, capacity_rps: float) -> int:
+    """Replicas (>= 1) after the operator's scaling follows ``rate_rps`` from ``planned`` replicas: the proportional
+    count ``n* = ceil(rate / (u C))`` when one of ``planned`` replicas would carry more than ``C`` (saturated, the
+    evidence a scale-out needs) or when ``n*`` is below ``planned`` (scale-in); ``planned`` otherwise."""
+    target = max(1, math.ceil(rate_rps / (utilization * capacity_rps) - 1e-9))
+    saturated = math.ceil(rate_rps / capacity_rps - 1e-9) > planned
+    return target if saturated else min(planned, target)
+
+
 def serve_shared(
-    fleet: FleetModels, p: Placement, true_rps: Mapping[str, float], sample_s: float, rng: np.random.Generator
-) -> dict[str, list[int]]:
-    """Per model [requests, within budget] of one period: the placement ``p`` serving the true rates."""
+    fleet: FleetModels,
+    p: Placement,
+    true_rps: Mapping[str, float],
+    sample_s: float,
+    rng: np.random.Generator,
+    follow: bool = False,
+) -> tuple[int, dict[str, list[int]]]:
+    """Dedicated GPUs used, and per model [requests, within budget], of one period: the placement ``p`` serving the
+    true rates, split by :func:`split_rate`."""
     out = {n: [0, 0] for n in fleet.names}
     span = sample_s + WARMUP_S
+    split = {
+        m.name: split_rate(m, true_rps[m.name], fleet.specs[m.name].scaling.targetUtilization, follow) for m in p.models
+    }
     for s in p.shared:
         models, arrivals = [], []
         for name in s.tenants:
             m = p.model(name)
-            share = m.shared_rate_rps / m.design_rate_rps if m.design_rate_rps > 0 else 1.0
             table = LatencyProfile.from_points(fleet.specs[name].profile or []).table(m.config.batcher.batch_cap)
             models.append(SharedModel(m.config.batcher, tuple(table), fleet.plans[name].server_budget_ms))
-            arrivals.append(_arrivals(true_rps[name] * share, span, rng))
+            arrivals.append(_arrivals(split[name][0], span, rng))
         run = simulate_shared(arrivals, models)
         for name, arr, lat, sm in zip(s.tenants, arrivals, run.latencies_ms, models, strict=True):
             n, ok = _counted(arr, lat, sm.budget_ms)
             out[name][0] += n
             out[name][1] += ok
+    dedicated = 0
     for m in p.models:
-        if m.dedicated_gpus:
-            n, ok = _one_replica(fleet, m.name, true_rps[m.name] * m.capacity_rps / m.design_rate_rps, span, rng)
-            out[m.name][0] += n * m.dedicated_gpus
-            out[m.name][1] += ok * m.dedicated_gpus
-    return out
+        _, gpus, each = split[m.name]
+        if gpus:
+            dedicated += gpus
+            n, ok = _one_replica(fleet, m.name, each, span, rng)
+            out[m.name][0] += n * gpus
+            out[m.name][1] += ok * gpus
+    return dedicated, out
 
 
 def serve_one_per_gpu(
@@ -199,14 +245,18 @@ def serve_one_per_gpu(
     true_rps: Mapping[str, float],
     sample_s: float,
     rng: np.random.Generator,
+    follow: bool = False,
 ) -> tuple[int, dict[str, list[int]]]:
-    """GPUs of one model per GPU sized on the planned rates, and per model [requests, within budget] at the true."""
+    """GPUs of one model per GPU sized on the planned rates (then following the true ones when ``follow``:
+    :func:`followed_replicas`), and per model [requests, within budget] at the true."""
     gpus = 0
     out: dict[str, list[int]] = {}
     for name in fleet.names:
         c = fleet.plans[name].chosen.capacity_rps
         u = fleet.specs[name].scaling.targetUtilization
         n = max(1, math.ceil(planned_rps[name] / (u * c) - 1e-9))
+        if follow:
+            n = followed_replicas(n, true_rps[name], u, c)
         gpus += n
         k, ok = _one_replica(fleet, name, true_rps[name] / n, sample_s + WARMUP_S, rng)
         out[name] = [k * n, ok * n]
@@ -229,6 +279,7 @@ def replan_fleet(
     seed: int,
     clock: Callable[[], float] | None = None,
     on_period: Callable[[int, FleetRun], None] | None = None,
+    follow_dedicated: bool = False,
 ) -> FleetRun:
     """Re-plan and serve the fleet period by period (module docstring).
 
@@ -242,6 +293,8 @@ def replan_fleet(
         seed: seed of the plans; the arrivals use ``seed + 1``.
         clock: seconds from a monotonic clock, to time each plan (e.g. ``time.perf_counter``); None: 0.
         on_period: called after each period with its index and the run so far (progress).
+        follow_dedicated: dedicated GPUs (of both placements) follow each period's true rate, as the operator's
+            scaling does every 15 s; the shared GPUs keep the plan (:func:`split_rate`). False: both as planned.
 
     Raises:
         ValueError: rate arrays of different shapes or not ``len(fleet.names)`` columns, a non-positive period or
@@ -268,13 +321,14 @@ def replan_fleet(
         run.plan_s.append(clock() - t0 if clock else 0.0)
         run.placements.append(current)
         run.moves.append(current.moves)
-        run.shared_gpus.append(current.gpus)
-        run.dedicated_gpus.append(current.dedicated_gpus)
         run.fill.append(_fill(current))
-        for n, (c, ok) in serve_shared(fleet, current, true, sample_s, rng).items():
+        dedicated, served = serve_shared(fleet, current, true, sample_s, rng, follow_dedicated)
+        run.shared_gpus.append(len(current.shared) + dedicated)
+        run.dedicated_gpus.append(dedicated)
+        for n, (c, ok) in served.items():
             run.attainment_shared[n][0] += c
             run.attainment_shared[n][1] += ok
-        gpus, per = serve_one_per_gpu(fleet, seen, true, sample_s, rng)
+        gpus, per = serve_one_per_gpu(fleet, seen, true, sample_s, rng, follow_dedicated)
         run.single_gpus.append(gpus)
         for n, (c, ok) in per.items():
             run.attainment_single[n][0] += c

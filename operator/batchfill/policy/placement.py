@@ -14,13 +14,15 @@ Input: BatchedModel specs with their request rates, and the GPU memory. Steps:
    and loses its most loaded model while some model misses its target. A model alone whose residual fails the
    check takes one more dedicated GPU instead (each then carries less than ``C_m``);
 4. hysteresis: with a current placement, its shared GPUs are kept (re-checked at the new rates, models evicted only
-   when their GPU fails) and only the models without a place are packed. A re-pack replaces it only when, made
-   for rates :data:`REPACK_RATE_MARGIN` (10 %) higher, it still saves ``max(1, ceil(0.1 x GPUs))`` GPUs
-   (:data:`REPACK_MIN_SAVING_FRACTION`). The re-pack tried first empties whole current GPUs into the others
-   (:func:`batchfill.policy.binpack.dissolve`: only their models move); failing that, a plan from scratch, whose
-   GPUs take the ids of the current GPUs they share most models with. Either is filled at the actual rates. So
-   GPUs merge only when the merged GPU holds 10 % more load, and a merged GPU splits only when its own rates
-   rose past what it holds: rate noise within that band moves nothing.
+   when their GPU fails) and only the models without a place are packed. Re-packs are made for rates
+   :data:`REPACK_RATE_MARGIN` (10 %) higher. The one tried first empties whole current GPUs into the others
+   (:func:`batchfill.policy.binpack.dissolve`: only their models move) and replaces the placement when it saves
+   :data:`DISSOLVE_MIN_SAVING_GPUS` (one) GPU; failing that, a plan from scratch (then emptied the same way), whose
+   GPUs take the ids of the current GPUs they share most models with, replaces it only when it saves
+   ``max(1, ceil(0.1 x GPUs))`` GPUs (:data:`REPACK_MIN_SAVING_FRACTION`). Either is filled at the actual rates.
+   So GPUs merge only when the merged GPU holds 10 % more load, and a merged GPU splits only when its own rates
+   rose past what it holds: rate noise within that band moves nothing. A fresh plan (no current placement) is
+   emptied the same way after first fit.
 
 Each model's configuration on a shared GPU is its own plan's (work-conserving batching: every batch size preferred,
 the minimum queue delay), so its batches grow with the time it waits for the GPU; the simulator decides whether
@@ -63,6 +65,9 @@ DEFAULT_SERVER_OVERHEAD_MIB = 512.0
 #: splitting them again (rates rose past what the merged GPU holds) is at least this wide.
 REPACK_RATE_MARGIN = 0.1
 REPACK_MIN_SAVING_FRACTION = 0.1
+#: Emptying whole GPUs into the others (only their models move) replaces the current placement when, planned for rates
+#: :data:`REPACK_RATE_MARGIN` higher, it saves at least this many GPUs.
+DISSOLVE_MIN_SAVING_GPUS = 1
 
 
 @dataclass(frozen=True)
@@ -392,6 +397,7 @@ def plan_placement(
     solo_plans: Mapping[str, PlanResult] | None = None,
     server_overhead_mib: float = DEFAULT_SERVER_OVERHEAD_MIB,
     min_saving_fraction: float = REPACK_MIN_SAVING_FRACTION,
+    dissolve_min_saving: int = DISSOLVE_MIN_SAVING_GPUS,
 ) -> Placement:
     """Place the models on the fewest GPUs that keep every model's simulated p99 within its target (module
     docstring).
@@ -399,12 +405,13 @@ def plan_placement(
     Args:
         demands: the models, their rates and memory figures (names unique).
         gpu_memory_mib: memory of one GPU, MiB.
-        current: the placement in force; kept unless a plan from scratch for rates :data:`REPACK_RATE_MARGIN`
-            higher saves at least ``max(1, ceil(min_saving_fraction x its GPUs))`` GPUs.
+        current: the placement in force; kept unless, for rates :data:`REPACK_RATE_MARGIN` higher, emptying whole
+            GPUs saves at least ``dissolve_min_saving`` GPUs or a plan from scratch at least
+            ``max(1, ceil(min_saving_fraction x its GPUs))``.
         seed: seed of every simulation (the plan is deterministic for a given seed).
         solo_plans: each model's own plan when already known (e.g. ``status.plan``), by name; planned otherwise.
         server_overhead_mib: GPU memory each Triton server holds besides its models, MiB.
-        min_saving_fraction: see ``current``.
+        min_saving_fraction, dissolve_min_saving: see ``current``.
 
     Raises:
         ValueError: duplicate names, or a GPU memory that does not exceed the server overhead.
@@ -419,7 +426,8 @@ def plan_placement(
     base = {m.demand.name: m for m in _models(demands, seed, solo_plans, usable)}
     if current is None:
         fresh = {n: replace(m) for n, m in base.items()}
-        fresh_bins = _packed(fresh, [], gpu_memory_mib, server_overhead_mib, seed)
+        fresh_bins = dissolve(_packed(fresh, [], gpu_memory_mib, server_overhead_mib, seed), gpu_memory_mib,
+                              server_overhead_mib, seed)  # fmt: skip
         return _result(fresh, fresh_bins, gpu_memory_mib, server_overhead_mib, None, False)
     kept = {n: replace(m) for n, m in base.items()}
     groups = [(s.gpu_id, list(s.tenants)) for s in current.shared]
@@ -433,12 +441,13 @@ def plan_placement(
     high = {n: m.scaled(1 + REPACK_RATE_MARGIN) for n, m in base.items()}
     high_bins = dissolve(_packed(high, groups, gpu_memory_mib, server_overhead_mib, seed), gpu_memory_mib,
                          server_overhead_mib, seed)  # fmt: skip
-    if len(high_bins) + sum(m.dedicated for m in high.values()) <= need:
+    if len(high_bins) + sum(m.dedicated for m in high.values()) <= kept_plan.gpus - dissolve_min_saving:
         names = [[t.name for t in b.tenants] for b in high_bins]
         ids = [b.gpu_id for b in high_bins]
     else:
         high = {n: m.scaled(1 + REPACK_RATE_MARGIN) for n, m in base.items()}
-        high_bins = _packed(high, [], gpu_memory_mib, server_overhead_mib, seed)
+        high_bins = dissolve(_packed(high, [], gpu_memory_mib, server_overhead_mib, seed), gpu_memory_mib,
+                             server_overhead_mib, seed)  # fmt: skip
         if len(high_bins) + sum(m.dedicated for m in high.values()) > need:
             return kept_plan
         names = [[t.name for t in b.tenants] for b in high_bins]
