@@ -38,7 +38,8 @@ depend on, so a fleet with few distinct profiles plans few, and ``solo_plans`` s
 shared GPUs: O(M·G) screens and, with :data:`batchfill.policy.binpack.ROOM_SHRINK`, O(M + G) quick simulations, plus one
 confirming simulation per GPU and per eviction; each simulation is O(requests) (6,000 quick, 20,000 confirming).
 Measured on this shared 2-core machine (one profile, Zipf popularity, no current placement): 50 models 2-3 s,
-200 models 5-10 s (about 300 quick and 70 confirming simulations); a current placement adds two more packings.
+200 models 5-10 s idle, 18 s with the machine loaded (about 300 quick and 70 confirming simulations); a current
+placement adds two more packings.
 """
 
 from __future__ import annotations
