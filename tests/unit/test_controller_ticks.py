@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from batchfill.controller.profiling import (
     restarted,
 )
 from batchfill.controller.scaling import ScaleInputs, ScaleOutcome, ScalingMemory, decide_scale, planned_desired
+from batchfill.policy.conditions import find
 from batchfill.policy.profile_fit import BatchTotals
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render.kube import CONFIG_HASH_ANNOTATION
@@ -179,6 +181,28 @@ def test_decide_scale_is_a_function_of_its_inputs_and_memory() -> None:
     assert [e[1] for e in plan.events] == [ScalingReason.SCALE_OUT_SATURATED]
     assert plan.metrics is not None
     assert (plan.metrics.elapsed_s, plan.metrics.gpu_holding_replicas) == (15.0, 1)
+
+
+def with_metrics_condition(inputs: ScaleInputs, status: str, reason: str) -> ScaleInputs:
+    conditions = [{"type": ConditionType.METRICS_AVAILABLE, "status": status, "reason": reason,
+                   "message": "", "lastTransitionTime": "2026-12-01T00:00:00Z"}]  # fmt: skip
+    body = inputs.body | {"status": inputs.body["status"] | {"conditions": conditions}}
+    return dataclasses.replace(inputs, body=body)
+
+
+@pytest.mark.parametrize("reason", [SignalsReason.NO_READY_PODS, SignalsReason.NO_SERIES])
+def test_a_new_models_pods_not_scraped_yet_post_no_event_a_lost_scrape_does(reason: str) -> None:
+    """The expected gap of a new model is in its MetricsAvailable condition only; losing metrics is an Event."""
+    unknown = ModelSignals.unknown(reason, "no pod scraped yet")
+    new = decide_scale(scale_inputs(unknown), ScalingMemory(), now=T0, interval_s=15.0)
+    assert new.status["lastScaleReason"] == ScalingReason.HOLD_METRICS_UNKNOWN
+    assert new.events == ()
+    metrics = find(new.status["conditions"], ConditionType.METRICS_AVAILABLE)
+    assert metrics is not None and (metrics["status"], metrics["reason"]) == ("False", reason)
+
+    had = with_metrics_condition(scale_inputs(unknown), "True", "SignalsOk")
+    lost = decide_scale(had, ScalingMemory(), now=T0, interval_s=15.0)
+    assert [(e[0], e[1]) for e in lost.events] == [("Normal", ScalingReason.HOLD_METRICS_UNKNOWN)]
 
 
 def test_the_memory_kept_depends_on_whether_the_status_write_landed() -> None:

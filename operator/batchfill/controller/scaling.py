@@ -387,9 +387,14 @@ def _scale_events(
     before = cond.find(status.get("conditions"), ConditionType.METRICS_AVAILABLE) or {}
     outage = (ConditionStatus.FALSE, metrics.reason)
     if metrics.status == ConditionStatus.FALSE and (before.get("status"), before.get("reason")) != outage:
-        # once per outage: Prometheus trouble is a Warning; pods not scraped yet (a new model or pod) are expected
+        # once per outage: Prometheus trouble is a Warning; pods not scraped yet are expected: a Normal event when
+        # a model that had metrics loses them, none for a new model whose first pods are still starting (the
+        # condition says so; at 1,000 new models one such Event each was a tenth of the creation's API requests)
         expected_gap = signals.reason in (SignalsReason.NO_SERIES, SignalsReason.NO_READY_PODS)
-        events.append(("Normal" if expected_gap else "Warning", ScalingReason.HOLD_METRICS_UNKNOWN, decision.message))
+        if not expected_gap:
+            events.append(("Warning", ScalingReason.HOLD_METRICS_UNKNOWN, decision.message))
+        elif before.get("status") == ConditionStatus.TRUE:
+            events.append(("Normal", ScalingReason.HOLD_METRICS_UNKNOWN, decision.message))
     # a Warning once RequestsFailing turns True (the stored condition is not True yet)
     stored = cond.find(status.get("conditions"), ConditionType.REQUESTS_FAILING) or {}
     for failing in requests_failing_conditions(decision, status.get("conditions")):

@@ -15,8 +15,8 @@
 | BATCHFILL_WATCH_CLIENT_TIMEOUT_SECONDS | 330 | kopf gives up on a WATCH request after this, whatever the server does |
 | BATCHFILL_WATCH_CONNECT_TIMEOUT_SECONDS | 10 | kopf's connect and TLS handshake of a WATCH request |
 | BATCHFILL_UNHANDLED_GENERATION_SECONDS | 60 | a generation unhandled this long is reconciled by the scaling loop |
-| BATCHFILL_API_QPS | 100 | the operator's own API requests per second on average (kopf's own requests aside) |
-| BATCHFILL_API_BURST | 200 | requests the client-side limit lets through at once |
+| BATCHFILL_API_QPS | 200 | the operator's own API requests per second on average (kopf's own requests aside) |
+| BATCHFILL_API_BURST | 300 | requests the client-side limit lets through at once |
 | BATCHFILL_PROFILE_INTERVAL_SECONDS | 60 | how often Triton's statistics of the Ready pods are read (profiling) |
 | BATCHFILL_TRITON_HTTP_PORT | 8000 | Triton's HTTP port in the pods (statistics extension) |
 | BATCHFILL_TRITON_CPU_IMAGE | (empty: production) | no GPUs (dev, test): Triton pods run this image, KIND_CPU |
@@ -119,12 +119,13 @@ class OperatorSettings(BaseModel):
     watch_client_timeout_s: float = Field(default=330.0, ge=1, le=7200)
     watch_connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
     unhandled_generation_s: float = Field(default=60.0, gt=0, le=86_400)
-    # Not controller-runtime's 20/30: at 20 req/s, 1,000 new BatchedModels (4-5 of the operator's requests each)
-    # take over 3 minutes to deploy (docs/benchmarks/scale.md). The API server protects itself with API Priority and
-    # Fairness (HTTP 429, retried: adapters/kube.py); the client-side limit only stops a runaway loop. Between
-    # kube-scheduler's 50/100 and Karpenter's 200/300 (https://github.com/aws/karpenter/pull/723).
-    api_qps: float = Field(default=100.0, gt=0, le=10_000)
-    api_burst: int = Field(default=200, ge=1, le=100_000)
+    # Not controller-runtime's 20/30: 1,000 new BatchedModels cost the operator about 8,000 requests (children,
+    # status writes, Events; docs/benchmarks/scale.md), over 6 minutes at 20 req/s and 80 s at 100. Karpenter's
+    # 200/300 (https://github.com/aws/karpenter/pull/723), another controller that creates objects in fleets. The API
+    # server protects itself with API Priority and Fairness (HTTP 429, retried: adapters/kube.py); the client-side
+    # limit only stops a runaway loop.
+    api_qps: float = Field(default=200.0, gt=0, le=10_000)
+    api_burst: int = Field(default=300, ge=1, le=100_000)
     profile_interval_s: float = Field(default=60.0, gt=0, le=86_400)
     triton_http_port: int = Field(default=8000, ge=1, le=65535)
     triton_cpu_image: str = Field(default="", max_length=1024, pattern=r"^[!-~]*$")  # an image reference (no spaces)
