@@ -198,7 +198,8 @@ def test_a_new_models_pods_not_scraped_yet_post_no_event_a_lost_scrape_does(reas
     assert new.status["lastScaleReason"] == ScalingReason.HOLD_METRICS_UNKNOWN
     assert new.events == ()
     metrics = find(new.status["conditions"], ConditionType.METRICS_AVAILABLE)
-    assert metrics is not None and (metrics["status"], metrics["reason"]) == ("False", reason)
+    assert metrics is not None
+    assert (metrics["status"], metrics["reason"]) == ("False", reason)
 
     had = with_metrics_condition(scale_inputs(unknown), "True", "SignalsOk")
     lost = decide_scale(had, ScalingMemory(), now=T0, interval_s=15.0)
