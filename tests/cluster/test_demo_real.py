@@ -74,7 +74,8 @@ def test_real_node_demo_serves_from_the_pods_within_the_sla(run_dir: Path, demos
     assert re.search(r"NVIDIA_VISIBLE_DEVICES=fake-gpu-real-node-0-\d\n", out), out
     assert "BATCHFILL_TRITON_CPU_IMAGE=batchfill.local/tritonserver:" in out, out
     # the operator decided on real signals: FILL and QUEUE MS filled in under load, no Prometheus trouble
-    row = re.search(r"ocr\s+text-recognizer\s+500\s+(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+True", out)
+    # (PLACEMENT, status.placement.mode, is empty or Dedicated for a model without spec.placement)
+    row = re.search(r"ocr\s+text-recognizer\s+500\s+(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+(?:Dedicated\s+)?True", out)
     assert row, out
     assert 0 < float(row.group(3)) <= 1, row.group(0)
     assert float(row.group(4)) >= 0, row.group(0)
