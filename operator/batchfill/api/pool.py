@@ -30,6 +30,7 @@ from batchfill.api.spec import (
     ResourceRequirements,
     Toleration,
     cel,
+    resources_keys_rule,
 )
 
 POOL_KIND = "GPUPool"
@@ -54,14 +55,7 @@ class PoolTritonSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    # Guarded by has(self.resources): the API server checks the rule against `default: {}`
-                    # as written (see batchfill.api.spec.TritonSpec).
-                    "!has(self.resources) || ("
-                    + " && ".join(
-                        f"(!has(self.resources.{m}) || self.resources.{m}.all(k, !k.startsWith('nvidia.com/')))"
-                        for m in ("requests", "limits")
-                    )
-                    + ")",
+                    resources_keys_rule("!k.startsWith('nvidia.com/')"),
                     "the pool's GPU is spec.gpuResource and spec.gpusPerPod, not triton.resources",
                     ".resources",
                 ),

@@ -512,6 +512,16 @@ EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za
 GpuResourceName = Annotated[str, Field(min_length=3, max_length=QUALIFIED_NAME_MAX, pattern=EXTENDED_RESOURCE_PATTERN)]
 
 
+def resources_keys_rule(key_ok: str) -> str:
+    """CEL rule of an object with ``resources``: every key ``k`` of its requests and limits satisfies ``key_ok``.
+
+    Every field it reads is behind has(): the API server checks each rule against the object's ``default: {}`` as
+    written, nested defaults not filled in, and an unguarded read makes the whole CRD invalid.
+    """
+    maps = (f"(!has(self.resources.{m}) || self.resources.{m}.all(k, {key_ok}))" for m in ("requests", "limits"))
+    return "!has(self.resources) || (" + " && ".join(maps) + ")"
+
+
 class TritonSpec(_Model):
     """The Triton pods."""
 
@@ -519,16 +529,10 @@ class TritonSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    # The API server checks each rule against the field's `default: {}` as written, nested
-                    # defaults not filled in, so every field a rule reads is guarded by has().
-                    "!has(self.resources) || ("
-                    + " && ".join(
-                        f"(!has(self.resources.{m}) || self.resources.{m}.all(k, "
+                    resources_keys_rule(
                         "!k.startsWith('nvidia.com/') || k == (has(self.gpuResource) ? self.gpuResource : "
-                        f"'{GPU_RESOURCE}')))"
-                        for m in ("requests", "limits")
-                    )
-                    + ")",
+                        f"'{GPU_RESOURCE}')"
+                    ),
                     "an nvidia.com/ resource other than gpuResource is a GPU nothing would count: name it in "
                     "gpuResource and count it in gpusPerReplica",
                     ".resources",

@@ -65,17 +65,18 @@ GRPC_MAX_CONNECTION_AGE_GRACE_MS = 10_000
 
 @dataclass(frozen=True)
 class Owner:
-    """The BatchedModel that owns the children (from its metadata)."""
+    """The object that owns the children (from its metadata): a BatchedModel, or a GPUPool (``kind``)."""
 
     name: str
     namespace: str
     uid: str
+    kind: str = KIND
 
     def reference(self) -> dict[str, Any]:
         """A controller ownerReference: garbage collection deletes the child with its owner."""
         return {
             "apiVersion": API_VERSION,
-            "kind": KIND,
+            "kind": self.kind,
             "name": self.name,
             "uid": self.uid,
             "controller": True,

@@ -26,7 +26,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from batchfill.api.pool import POOL_KIND, GPUPoolSpec
-from batchfill.api.spec import API_VERSION, GROUP, BatchedModelSpec
+from batchfill.api.spec import GROUP, BatchedModelSpec
 from batchfill.api.status import PlanStatus
 from batchfill.render.kube import (
     EXIT_TIMEOUT_S,
@@ -53,24 +53,9 @@ LABEL_NAME_MAX = 63
 _HASH_CHARS = 10
 
 
-@dataclass(frozen=True)
-class PoolOwner:
-    """The GPUPool that owns the pool's Deployment (from its metadata)."""
-
-    name: str
-    namespace: str
-    uid: str
-
-    def reference(self) -> dict[str, Any]:
-        """A controller ownerReference: deleting the pool deletes its pods."""
-        return {
-            "apiVersion": API_VERSION,
-            "kind": POOL_KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+def PoolOwner(name: str, namespace: str, uid: str) -> Owner:  # noqa: N802 (reads as the type it builds)
+    """The GPUPool that owns the pool's Deployment: deleting the pool deletes its pods."""
+    return Owner(name=name, namespace=namespace, uid=uid, kind=POOL_KIND)
 
 
 def pool_deployment_name(pool: str) -> str:
@@ -148,7 +133,7 @@ def _resources(pool: GPUPoolSpec) -> dict[str, dict[str, str]]:
     }
 
 
-def build_pool_deployment(owner: PoolOwner, pool: GPUPoolSpec, replicas: int) -> dict[str, Any]:
+def build_pool_deployment(owner: Owner, pool: GPUPoolSpec, replicas: int) -> dict[str, Any]:
     """The pool's Deployment: ``replicas`` Triton pods, each with ``gpusPerPod`` of ``gpuResource``, no model loaded.
 
     Rolling updates replace a pod only after a new one is Ready (the operator then loads that pod's models);
