@@ -41,6 +41,7 @@ from batchfill.api.validate import load_model
 from batchfill.cli.simulate import print_comparison
 from batchfill.compare.report import COLUMN_LEGEND, checks, figure, markdown_table
 from batchfill.compare.run import POLICIES, Comparison, Options, compare, one_replica_at, prepare
+from batchfill.policy.scaling import FAST_SCALE_IN_S
 from batchfill.sim import traces
 from batchfill.sim.batcher import poisson_unit_arrivals, simulate_batcher
 
@@ -130,7 +131,10 @@ def note(key: str, c: Comparison, busy_at_capacity: float) -> str:
         return (
             f"batchfill holds {ours.gpu_hours:.1f} GPU-hours, {ours.gpu_seconds / c.lower_bound_gpu_seconds:.3f} x "
             "the whole-replica lower bound: replicas follow the day up when their batches fill to the plan's "
-            "fill at u·C and down after the 300 s stabilization window. The HPA on GPU utilization at the common 80 % "
+            "fill at u·C and down after the 300 s stabilization window (votes older than "
+            f"{FAST_SCALE_IN_S:.0f} s count "
+            "at full capacity, so the last minutes keep the target's headroom and older peaks only what their load "
+            "needed). The HPA on GPU utilization at the common 80 % "
             "target holds more: a batching replica's busy fraction is concave in its load (small batches run "
             "back to back at low load, so the GPU looks busy per request), so proportional control on it "
             "over-provisions below capacity; the hpa-gpu@85/88/90 rows are the same HPA with tuned targets, and "

@@ -318,8 +318,21 @@ def model_volume(kube: Kube, ns: str) -> None:
 
 
 def until(what: str, fetch: Any, ok: Any, timeout_s: float = 60.0) -> Any:
-    """Poll ``fetch()`` until ``ok(value)``; return that value."""
-    return wait_for(what, lambda: (lambda v: v if ok(v) else None)(fetch()), timeout_s)
+    """Poll ``fetch()`` until ``ok(value)``; return that value. On timeout the failure shows the last value
+    fetched (its repr cut at 3,000 characters), not only that it did not pass."""
+    seen: list[Any] = []
+
+    def probe() -> Any:
+        value = fetch()
+        seen[:] = [value]
+        return value if ok(value) else None
+
+    try:
+        return wait_for(what, probe, timeout_s)
+    except pytest.fail.Exception as e:
+        if not seen:
+            raise
+        pytest.fail(f"{e.msg}; last fetched: {repr(seen[0])[:3000]}")
 
 
 def rbac_denials(operator_log: str, namespace: str = "batchfill-system", account: str = "batchfill") -> list[str]:

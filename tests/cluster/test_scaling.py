@@ -201,6 +201,13 @@ def condition(bm: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in (bm.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
+def scale_events(lab: Lab, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the model's Events, oldest first: what a failure shows of the decisions."""
+    items = lab.kube.core.list_namespaced_event(lab.ns, field_selector=f"involvedObject.name={name}").items
+    ordered = sorted(items, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
+    return [(e.reason, e.message) for e in ordered]
+
+
 def is_planned(bm: dict[str, Any]) -> bool:
     return condition(bm, ConditionType.PLANNED).get("status") == "True"
 
@@ -275,7 +282,12 @@ def test_auto_scales_out_on_saturation_holds_without_metrics_and_scales_in(lab: 
         60,
     )
     t_back = time.monotonic()
-    until("scale-in to 1 after the stabilization window", lambda: lab.replicas("auto"), lambda n: n == 1, 120)
+    until(
+        "scale-in to 1 after the stabilization window",
+        lambda: (lab.replicas("auto"), lab.bm("auto")["status"], scale_events(lab, "auto")[-3:]),
+        lambda v: v[0] == 1,
+        120,
+    )
     assert time.monotonic() - t_back >= 15, "scaled in before the stabilization window (20 s) of real data"
     assert lab.bm("auto")["status"]["lastScaleReason"] == ScalingReason.SCALE_IN_LOAD_FITS
     lab.load.set_rate(0)

@@ -149,10 +149,42 @@ def test_a_remembered_saturation_bounds_scale_in_until_it_is_forgotten() -> None
 
 def test_a_saturated_tick_remembers_its_load_per_replica() -> None:
     d = run(ok(100, fill=0.9), 2, history=votes((15, 2)))
-    assert d.saturation == Saturation(NOW, 50.0)
+    assert d.saturation == Saturation(NOW, 50.0, 2, 50.0)
     # just after a replica joined, the window's fill describes fewer replicas: not remembered
     d = run(ok(100, fill=0.9), 3, history=(*votes((300, 3)), Recommendation(NOW - 30, 3, 2)))
     assert d.saturation is None
+
+
+def test_within_a_saturation_episode_the_highest_load_counts_not_the_lagging_first() -> None:
+    # the first saturated tick after idle: the window's mean rate holds a fraction of the step (12 of ~45 rps),
+    # while the fill, a ratio, shows the new load at once (tests/cluster/test_scaling.py saw 12.7 of ~70 rps)
+    first = run(ok(12, fill=0.9), 1, history=votes((15, 1)))
+    assert (first.desired_replicas, first.saturation) == (2, Saturation(NOW, 12.0, 1, 12.0))
+    # 3 s later, still saturated on the one Ready replica while the second starts: the rate catches up
+    second = run(ok(34, fill=0.9), 2, 1, starting=1, history=first.history, now=NOW + 3, saturation=first.saturation)
+    assert second.reason == R.HOLD_CAPACITY_ON_THE_WAY
+    assert second.saturation == Saturation(NOW + 3, 34.0, 1, 34.0), "the episode's highest reading"
+    # a later episode at a lower load per replica lowers the bound (bursts, a profile more optimistic than the pods)
+    later = run(ok(50, fill=0.9), 2, history=votes((15, 2)), now=NOW + 600, saturation=second.saturation)
+    assert later.saturation == Saturation(NOW + 600, 25.0, 2, 25.0, 34.0)
+    # ... and the bound is that, whatever the light load that follows; the first tick's 12 rps would have held 2
+    # replicas for an hour: 12 rps needs 12 / (0.9 · 12) > 1 of them
+    light = run(ok(12, fill=0.15), 2, history=votes((300, 2), (15, 1)), saturation=second.saturation)
+    assert (light.desired_replicas, light.reason) == (1, R.SCALE_IN_LOAD_FITS)
+    held = run(ok(12, fill=0.15), 2, history=votes((300, 2), (15, 1)), saturation=first.saturation)
+    assert (held.desired_replicas, held.reason) == (2, R.HOLD_SCALE_IN_WOULD_SATURATE)
+
+
+def test_a_remembered_saturation_is_raised_by_a_higher_load_carried_without_it() -> None:
+    seen = Saturation(NOW - 100, 12.0, 1, 12.0)
+    # 2 settled replicas carry 30 rps each, unsaturated: 12 was not the pods' limit; forgotten on the old clock
+    d = run(ok(60, fill=0.4), 2, history=votes((300, 2), (15, 2)), saturation=seen)
+    assert d.saturation == Saturation(NOW - 100, 30.0, 1, 30.0, 30.0)
+    # ... but not from a window that still holds the time before the second replica was Ready
+    d = run(ok(60, fill=0.4), 2, history=(*votes((300, 2)), Recommendation(NOW - 5, 2, 1)), saturation=seen)
+    assert d.saturation == seen
+    # nor lowered by a lighter load
+    assert run(ok(10, fill=0.2), 2, history=votes((15, 2)), saturation=seen).saturation == seen
 
 
 # -- fleets: no in/out/in cycle when fill and rate disagree, or with bursty arrivals ---------------------------

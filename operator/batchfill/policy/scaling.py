@@ -53,9 +53,12 @@ Rules, the first that applies decides:
    (``1 + (b - 1)·ready/n`` samples), reach the saturation fill; at which the load reaches ``n·u·C`` without
    batching; or at which the backlog needs T beyond D. Nor is it below the count at which each replica would
    carry ``1 - TOLERANCE`` of the lowest load per replica at which the Ready replicas were seen saturated or at
-   risk (``Saturation``, kept for ``SATURATION_MEMORY_S``): batch fill rises steeply near the pods' real
-   capacity, so one window's fill cannot tell how full fewer replicas would be, and a profile more optimistic
-   than the pods or bursty arrivals show up there. HoldScaleInWouldSaturate: the rate alone would scale in.
+   risk (``Saturation``, kept for ``SATURATION_MEMORY_S``; within one run of saturated ticks the highest load
+   counts and a higher load they later carry without either raises it, since the window's rate lags a load step
+   that the fill shows at once): batch fill rises
+   steeply near the pods' real capacity, so one window's fill cannot tell how full fewer replicas would be, and a
+   profile more optimistic than the pods or bursty arrivals show up there. HoldScaleInWouldSaturate: the rate
+   alone would scale in.
 
 Recommendations within 10 % of the current count keep it (HPA tolerance). Sources: Kubernetes HPA algorithm
 (kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#algorithm-details, stabilization window,
@@ -67,16 +70,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 from batchfill.api.reasons import ScalingReason
 from batchfill.api.spec import ScalingMode, ScalingSpec
 from batchfill.api.status import PlanStatus
 from batchfill.policy.scaling_history import FAST_SCALE_IN_S as FAST_SCALE_IN_S
 from batchfill.policy.scaling_history import Recommendation as Recommendation
+from batchfill.policy.scaling_history import Saturation as Saturation
 from batchfill.policy.scaling_history import compact_history as compact_history
 from batchfill.policy.scaling_history import expand_history as expand_history
 from batchfill.policy.scaling_history import history_to_store as history_to_store
+from batchfill.policy.scaling_history import remember_saturation as remember_saturation
 from batchfill.policy.scaling_history import stabilization_votes as stabilization_votes
 from batchfill.policy.signals import ModelSignals, SignalState
 
@@ -111,14 +115,6 @@ FAILURE_FRACTION = TOLERANCE
 SATURATION_MEMORY_S = 3600.0
 #: Upper cap of the unbounded recommendation, so absurd inputs give a finite int.
 MAX_RECOMMENDATION = 1_000_000
-
-
-class Saturation(NamedTuple):
-    """At ``time`` (s) the Ready replicas were saturated or at risk carrying ``load_per_replica_rps`` samples/s
-    each (the lowest such load since, rule 7)."""
-
-    time: float
-    load_per_replica_rps: float
 
 
 def history_horizon_s(stabilization_s: float, signal_window_s: float) -> float:
@@ -326,13 +322,11 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
     requests_failing = failure_fraction is not None and failure_fraction >= FAILURE_FRACTION
     memory = inp.saturation if inp.saturation and now - SATURATION_MEMORY_S < inp.saturation.time <= now else None
     # fill from before a replica joined describes fewer replicas than ``ready``: not a load per replica
-    if (
-        (saturated or sla_at_risk)
-        and load
-        and ready > 0
-        and not any(h.ready < ready for h in history if h.time > now - sig.window_s)
-    ):
-        memory = Saturation(now, min(load / ready, memory.load_per_replica_rps if memory else math.inf))
+    per_ready = load / ready if load and ready > 0 else 0.0
+    settled = per_ready > 0 and not any(h.ready < ready for h in history if h.time > now - sig.window_s)
+    if settled:
+        previous_tick = max((h.time for h in inp.history if h.time < now), default=None)
+        memory = remember_saturation(memory, now, previous_tick, ready, per_ready, saturated or sla_at_risk)
 
     def above(x: float) -> int:  # the smallest whole count n > x >= 0 (0 when x is 0)
         return math.floor(min(x, MAX_RECOMMENDATION) + 1e-9) + 1 if x > 0 else 0

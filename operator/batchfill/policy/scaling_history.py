@@ -1,4 +1,5 @@
-"""The scaling decision's votes (``Decision.history``) and the compact form ``status.scalingHistory`` keeps of them.
+"""The scaling decision's votes (``Decision.history``), the compact form ``status.scalingHistory`` keeps of them,
+and the saturation the decision remembers (``Decision.saturation``, kept in memory only).
 
 Pure. :mod:`batchfill.policy.scaling` re-exports these names; a restart or a new leader expands the stored form
 back to one vote per tick (:func:`expand_history`), so the scale-in stabilization window survives it.
@@ -87,3 +88,42 @@ def stabilization_votes(history: tuple[Recommendation, ...], now: float, window_
         for h in history
         if h.time > now - window_s
     ]
+
+
+class Saturation(NamedTuple):
+    """At ``time`` (s) the Ready replicas were last saturated or at risk; ``load_per_replica_rps`` (samples/s)
+    bounds scale-in (rule 7 of :mod:`batchfill.policy.scaling`): the lowest over saturation *episodes* (runs of
+    consecutive saturated ticks on ``ready`` replicas) of each episode's highest load per replica, raised to a
+    higher load the replicas later carried without saturation. ``episode_rps``: the current episode's highest;
+    ``earlier_rps``: the bound from the episodes before it (inf: none).
+
+    Within an episode the highest reading counts, not the first: the window's request rate is a mean that lags a
+    load step, while the batch fill, a ratio, shows it at once, so the first saturated tick after an idle spell
+    reads a fraction of the load (tests/cluster/test_scaling.py saw 12.7 of ~70 rps, which held a replica the
+    light load after it did not need for the hour).
+    """
+
+    time: float
+    load_per_replica_rps: float
+    ready: int = 0
+    episode_rps: float = 0.0
+    earlier_rps: float = math.inf
+
+
+def remember_saturation(
+    memory: Saturation | None, now: float, previous_tick: float | None, ready: int, load_rps: float, saturated: bool
+) -> Saturation | None:
+    """The saturation to remember after a tick whose window describes ``ready`` Ready replicas only, carrying
+    ``load_rps`` samples/s each, ``saturated`` (or at risk) or not; ``previous_tick``: the last tick's time (s),
+    which continues an episode when ``memory.time`` is it. Not saturated: ``memory``, raised to ``load_rps`` when
+    that is higher (the clock of forgetting it is not reset)."""
+    if saturated:
+        if memory is not None and memory.time == previous_tick and memory.ready == ready:  # the episode goes on
+            episode, earlier = max(memory.episode_rps, load_rps), memory.earlier_rps
+        else:
+            episode, earlier = load_rps, memory.load_per_replica_rps if memory else math.inf
+        return Saturation(now, min(episode, earlier), ready, episode, earlier)
+    if memory is not None and load_rps > memory.load_per_replica_rps:
+        # replicas seen carrying more without saturation prove the remembered load too low (a lagging rate)
+        return Saturation(memory.time, load_rps, memory.ready, load_rps, load_rps)
+    return memory
