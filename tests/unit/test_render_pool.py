@@ -117,6 +117,14 @@ def test_the_load_request_carries_the_derived_config_on_the_pools_gpu() -> None:
     assert [(g.kind, g.count) for g in config.instance_group] == [(mc.ModelInstanceGroup.KIND_GPU, 2)]
 
 
+def test_a_cluster_without_gpus_loads_cpu_instances() -> None:
+    """Triton refuses a KIND_GPU group without a GPU (HTTP 400, tests/component/test_pool_models_real.py)."""
+    req = load_request(spec_with(), make_plan(8, [4, 8], 2500, instanceCount=2), POOL, instance_kind="KIND_CPU")
+    config = json_format.ParseDict(json.loads(req.body["parameters"]["config"]), mc.ModelConfig())
+    assert [(g.kind, g.count) for g in config.instance_group] == [(mc.ModelInstanceGroup.KIND_CPU, 2)]
+    assert config.max_batch_size == 8
+
+
 def test_unload_and_ready() -> None:
     req = unload_request("resnet50")
     assert (req.method, req.path, dict(req.body)) == (

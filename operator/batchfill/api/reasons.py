@@ -207,3 +207,33 @@ class PlacementReason(StrEnum):
     DEDICATED_FILLS_GPU = "DedicatedFillsGpu"
     #: mode Shared or Auto but the joint plan has no place for it yet (no rate known, no plan): where it was
     NOT_PLACED = "NotPlaced"
+
+
+class PoolModelReason(StrEnum):
+    """What the operator did, or why it waited, with one model on one GPUPool pod
+    (:func:`batchfill.controller.pool_models.decide_pool_models`): the reasons of its Events and of its holds."""
+
+    #: a load with the model's current config succeeded (Triton answered after the model was ready)
+    MODEL_LOADED = "ModelLoaded"
+    #: Triton refused or failed the load (a Warning with the HTTP status and Triton's message); retried later
+    MODEL_LOAD_FAILED = "ModelLoadFailed"
+    #: the pod got the model's label: the model's Service routes to it
+    MODEL_ROUTED = "ModelRouted"
+    #: the model's label was taken off the pod: its Service stops routing there; unloaded after the drain time
+    MODEL_DRAINING = "ModelDraining"
+    MODEL_UNLOADED = "ModelUnloaded"
+    MODEL_UNLOAD_FAILED = "ModelUnloadFailed"
+    #: holds (nothing done this tick): the pod is not Ready or its repository index could not be read
+    HOLD_POD_UNKNOWN = "HoldPodUnknown"
+    #: Triton is still loading or unloading the model on the pod
+    HOLD_IN_TRANSITION = "HoldInTransition"
+    #: the last load of this config on this pod failed less than the retry interval ago
+    HOLD_LOAD_BACKOFF = "HoldLoadBackoff"
+    #: the pod is the model's last labelled READY copy while the model is still wanted: its label stays
+    HOLD_LAST_COPY = "HoldLastCopy"
+    #: unlabelled, waiting for the drain time before the unload
+    HOLD_DRAINING = "HoldDraining"
+    #: no pod serves the wanted model: the draining copy is kept loaded
+    HOLD_NO_OTHER_COPY = "HoldNoOtherCopy"
+    #: a label of a model no longer wanted is still on the pod: no unload there until it is off
+    HOLD_STALE_LABEL = "HoldStaleLabel"

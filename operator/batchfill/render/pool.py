@@ -42,7 +42,7 @@ from batchfill.render.kube import (
     Owner,
     build_service,
 )
-from batchfill.render.model_config import build_model_config
+from batchfill.render.model_config import InstanceKind, build_model_config
 
 POOL_LABEL = f"{GROUP}/gpupool"
 #: Prefix of the per-model label a pool pod carries while that model is loaded and ready on it.
@@ -227,16 +227,21 @@ def shared_spec(spec: BatchedModelSpec, pool: GPUPoolSpec) -> BatchedModelSpec:
     return spec.model_copy(update={"triton": triton})
 
 
-def load_request(spec: BatchedModelSpec, plan: PlanStatus, pool: GPUPoolSpec) -> TritonRequest:
+def load_request(
+    spec: BatchedModelSpec, plan: PlanStatus, pool: GPUPoolSpec, *, instance_kind: InstanceKind | None = None
+) -> TritonRequest:
     """``POST v2/repository/models/<m>/load`` with the model's derived config as the ``config`` parameter.
 
     The config is Triton's ModelConfig in protobuf's JSON mapping (proto field names, as Triton's config endpoint
     returns it), built by :func:`batchfill.render.build_model_config` for the model on the pool's GPU (KIND_GPU).
+    ``instance_kind="KIND_CPU"`` is a cluster without GPUs (``BATCHFILL_TRITON_CPU_IMAGE``): Triton 2.51 refuses
+    a KIND_GPU group there with HTTP 400 ("has kind KIND_GPU but no GPUs are available",
+    tests/component/test_pool_models_real.py).
 
     Raises:
         ValueError: as :func:`batchfill.render.build_model_config` (a plan the spec cannot take).
     """
-    cfg = build_model_config(shared_spec(spec, pool), plan)
+    cfg = build_model_config(shared_spec(spec, pool), plan, instance_kind=instance_kind)
     config = json_format.MessageToDict(cfg, preserving_proto_field_name=True)
     text = json.dumps(config, sort_keys=True, separators=(",", ":"))
     return TritonRequest("POST", f"/v2/repository/models/{spec.model.name}/load", {"parameters": {"config": text}})
