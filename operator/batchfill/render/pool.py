@@ -12,7 +12,8 @@ address when the model moves) selects the pool's pods with that label (:func:`bu
 label takes the pod out of the model's endpoints before the unload.
 
 ``--strict-readiness=false``: a pod is Ready when the server is live, whatever one model's load did; readiness per
-model is the label, set only after the model reports ready (``GET v2/models/<m>/ready``).
+model is the label, set only after the model reports ready (``READY`` in the repository index, the fact
+``GET v2/models/<m>/ready`` gives; batchfill.controller.pool_models decides when).
 """
 
 from __future__ import annotations
