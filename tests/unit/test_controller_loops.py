@@ -797,6 +797,29 @@ def test_a_generation_unhandled_past_the_bound_is_reconciled_by_the_loop_with_on
     assert ("get", "Deployment", NS, "m-triton") not in kube.calls
 
 
+def test_a_lagging_generation_waits_while_its_watch_delivers_others(kube: FakeKube) -> None:
+    """A busy handler queue (a fleet applied at once) is not a stalled watch: while other generations of the same
+    watch are observed within the bound, the loop leaves the lagging one to kopf, up to STUCK_HANDLER_BOUNDS."""
+    prom = FakePrometheus()
+    for name in ("a", "b"):
+        prom.serve(planned_model(kube, name, SCALING_SPEC), **LOW)
+    loop = scaling_loop(kube, prom)  # unhandled_generation_s: the default, 60 s
+    for name in ("a", "b"):
+        stored(kube, name)["metadata"]["generation"] = 2  # edited; the handlers have not run yet
+    loop.tick(T0)
+    stored(kube, "b")["status"]["observedGeneration"] = 2  # kopf handled b: its watch delivers
+    loop.tick(T0 + 45)
+    loop.tick(T0 + 61)
+    loop.tick(T0 + 90)
+    assert EventReason.GENERATION_UNHANDLED not in [w[1] for w in writes(kube) if w[0] == "event"]
+    assert loop.progress == {"": T0 + 45}
+    loop.tick(T0 + 106)  # the last progress is 61 s old: a stall after all
+    assert [w for w in writes(kube) if w == ("event", EventReason.GENERATION_UNHANDLED)] == [
+        ("event", EventReason.GENERATION_UNHANDLED)
+    ]
+    assert stored(kube, "a")["status"]["observedGeneration"] == 2
+
+
 def test_an_unhandled_generation_whose_reconcile_fails_is_retried_each_tick_with_one_event(kube: FakeKube) -> None:
     pods = planned_model(kube, "m", SCALING_SPEC)
     prom = FakePrometheus()

@@ -76,3 +76,12 @@ def test_a_generation_is_unhandled_only_past_the_bound() -> None:
     assert not generation_unhandled(None, 1_000.0, 60.0)
     assert not generation_unhandled(lag, 160.0, 60.0)
     assert generation_unhandled(lag, 160.5, 60.0)
+
+
+def test_a_lag_is_not_a_stall_while_the_watch_shows_progress_up_to_the_stuck_bound() -> None:
+    lag = GenerationLag(4, 100.0)
+    assert not generation_unhandled(lag, 200.0, 60.0, last_progress=150.0), "others observed 50 s ago: busy"
+    assert generation_unhandled(lag, 200.0, 60.0, last_progress=139.0), "no progress for 61 s: stalled"
+    assert generation_unhandled(lag, 200.0, 60.0, last_progress=None)
+    assert not generation_unhandled(lag, 400.0, 60.0, last_progress=399.0), "5 bounds exactly: still kopf's"
+    assert generation_unhandled(lag, 400.5, 60.0, last_progress=399.0), "past 5 bounds: a stuck handler"

@@ -145,7 +145,8 @@ class ScalingLoop(PeriodicLoop[ScalingMemory]):
 
     A generation that status has not observed for ``settings.unhandled_generation_s`` (kopf's watch stalled, or its
     handler is stuck: a healthy handler observes it within seconds) is reconciled here instead of the tick, with
-    one ``GenerationUnhandled`` Event per generation (:func:`batchfill.policy.conditions.generation_unhandled`).
+    one ``GenerationUnhandled`` Event per generation (:func:`batchfill.policy.conditions.generation_unhandled`),
+    unless other generations of the same watch were observed within the bound (a busy queue, not a stall).
     """
 
     name = "scaling"
@@ -154,6 +155,8 @@ class ScalingLoop(PeriodicLoop[ScalingMemory]):
         super().__init__(kube, view, settings, settings.reconcile_interval_s)
         self.hub = hub
         self.lags: dict[str, GenerationLag] = {}  # model uid -> its generation that status does not observe yet
+        # watch stream (a namespace, or "" for kopf's cluster-wide watch) -> when a lag of it last ended
+        self.progress: dict[str, float] = {}
 
     def _begin_pass(self) -> None:
         self.hub.new_pass()
@@ -186,11 +189,13 @@ class ScalingLoop(PeriodicLoop[ScalingMemory]):
         uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
         observed = (body.get("status") or {}).get("observedGeneration")
         lag = generation_lag(self.lags.get(uid), meta.get("generation"), observed, now)
+        stream = ns if self.settings.namespaces else ""
         if lag is None:
-            self.lags.pop(uid, None)
+            if self.lags.pop(uid, None) is not None:
+                self.progress[stream] = now
             return False
         self.lags[uid] = lag
-        if not generation_unhandled(lag, now, self.settings.unhandled_generation_s):
+        if not generation_unhandled(lag, now, self.settings.unhandled_generation_s, self.progress.get(stream)):
             return False
         try:
             if not lag.reconciled:

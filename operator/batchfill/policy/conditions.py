@@ -117,7 +117,23 @@ def generation_lag(
     return GenerationLag(generation, now)
 
 
-def generation_unhandled(lag: GenerationLag | None, now: float, bound_s: float) -> bool:
+#: A generation waiting this many bounds is reconciled by the loop even while its watch shows progress (a handler
+#: stuck on one object while others are handled).
+STUCK_HANDLER_BOUNDS = 5
+
+
+def generation_unhandled(
+    lag: GenerationLag | None, now: float, bound_s: float, last_progress: float | None = None
+) -> bool:
     """Whether ``lag`` has lasted longer than ``bound_s`` seconds at ``now`` (epoch seconds): a stalled watch or a
-    stuck handler, since a healthy one observes a generation within seconds."""
-    return lag is not None and now - lag.since > bound_s
+    stuck handler, since a healthy one observes a generation within seconds.
+
+    ``last_progress``: when the same watch last delivered a generation that was then observed (another object's
+    lag ending), None if never seen. Progress within ``bound_s`` means a busy handler queue, not a stalled watch:
+    a thousand models applied at once wait minutes for kopf's handlers, and stepping in for them would do each
+    reconcile twice and slow the queue further. Past ``STUCK_HANDLER_BOUNDS`` bounds it is reconciled anyway.
+    """
+    if lag is None or now - lag.since <= bound_s:
+        return False
+    busy = last_progress is not None and now - last_progress <= bound_s
+    return not busy or now - lag.since > STUCK_HANDLER_BOUNDS * bound_s
