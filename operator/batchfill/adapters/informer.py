@@ -34,6 +34,7 @@ from batchfill.adapters.kube import (
     _matches,
 )
 from batchfill.render.kube import CONFIG_HASH_FIELD, REPLICAS_FIELD, managed_field
+from batchfill.render.pool import LOADED_LABEL_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +108,18 @@ DEPLOYMENT_FIELDS: Fields = {
     },
     "status": True,
 }
-#: What the loops read of a Triton pod: readiness, the scheduler's reason, its IPs.
+#: What the loops read of a Triton pod: readiness, the scheduler's reason, its IPs; its resourceVersion, the
+#: precondition of the pool loop's label patches; and of its annotations only the pool's per-model config hashes
+#: (:func:`_trim_pod`).
 POD_FIELDS: Fields = {
-    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "deletionTimestamp": True},
+    "metadata": {
+        "name": True,
+        "namespace": True,
+        "uid": True,
+        "resourceVersion": True,
+        "labels": True,
+        "deletionTimestamp": True,
+    },
     # the container statuses say why a pod is not Ready (crash loop, failed image pull: controller.status)
     "status": {
         "phase": True,
@@ -131,7 +141,14 @@ def _trim_deployment(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _trim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return pick(obj, POD_FIELDS)
+    out = pick(obj, POD_FIELDS)
+    # the annotations of the pool's model labels (the config each label was set for): the rest of a pod's
+    # annotations (the prometheus.io ones, anything a webhook adds) are not read, so not kept
+    notes = (obj.get("metadata") or {}).get("annotations")
+    ours = {k: v for k, v in notes.items() if k.startswith(LOADED_LABEL_PREFIX)} if isinstance(notes, Mapping) else {}
+    if ours:
+        out.setdefault("metadata", {})["annotations"] = ours
+    return out
 
 
 Trim = Callable[[Mapping[str, Any]], dict[str, Any]]

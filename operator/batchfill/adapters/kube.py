@@ -307,6 +307,69 @@ class Kube:
         except (ApiException, HTTPError) as e:
             raise _classify(e, "list BatchedModels") from None
 
+    def list_gpu_pools(self, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """GPUPools in ``namespaces`` (exact names), or in all namespaces when empty.
+
+        Raises:
+            KubeNotFoundError: the GPUPool CRD is not installed (HTTP 404).
+            KubeTemporaryError / KubePermanentError: other API errors.
+        """
+        from batchfill.api.pool import POOL_PLURAL
+        from batchfill.api.spec import GROUP, VERSION
+
+        api: Any = client.CustomObjectsApi(self.api)
+        what = "list GPUPools"
+        try:
+            if not namespaces:
+                return _items(api.list_cluster_custom_object(GROUP, VERSION, POOL_PLURAL, _preload_content=False), what)
+            return [
+                item
+                for ns in namespaces
+                for item in _items(
+                    api.list_namespaced_custom_object(GROUP, VERSION, ns, POOL_PLURAL, _preload_content=False), what
+                )
+            ]
+        except (ApiException, HTTPError) as e:
+            raise _classify(e, what) from None
+
+    def patch_pod_metadata(
+        self,
+        name: str,
+        namespace: str,
+        resource_version: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None],
+    ) -> None:
+        """Set (a string) or remove (None) ``labels`` and ``annotations`` of a pod in one JSON merge patch, only if the
+        pod is still at ``resource_version``.
+
+        The precondition: the caller decided from the pod as it was at ``resource_version`` (a cache's copy). A label
+        that routes a model's Service is only safe to remove while the copies the decision counted are as it saw them,
+        and a decision from an older copy (a lagging cache, a leader that lost its lease mid-tick) must not undo a
+        newer write. Any change since, the kubelet's status writes included, fails the patch with 409; the caller
+        decides again from a fresh copy on its next tick.
+
+        Raises:
+            KubeTemporaryError: HTTP 409 (the pod changed since ``resource_version``), throttling, outage.
+            KubeNotFoundError: the pod is gone.
+            KubePermanentError: other rejections (e.g. 422: an invalid label value).
+        """
+        body = {
+            "metadata": {
+                "resourceVersion": resource_version,
+                "labels": dict(labels),
+                "annotations": dict(annotations),
+            }
+        }
+        try:
+            # JSON merge patch (RFC 7386): None deletes a key; metadata.resourceVersion in a patch is the API
+            # server's precondition (HTTP 409 when the object is at another version)
+            client.CoreV1Api(self.api).patch_namespaced_pod(
+                name, namespace, body, field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json"
+            )
+        except (ApiException, HTTPError) as e:
+            raise _classify(e, f"patch pod {namespace}/{name}") from None
+
     def get_batched_model(self, name: str, namespace: str) -> dict[str, Any] | None:
         """The BatchedModel as stored now (None when it is gone)."""
         from batchfill.api.spec import GROUP, PLURAL, VERSION
