@@ -13,6 +13,7 @@ from kubernetes import client
 
 from batchfill.adapters.informer import GoneError, Informer
 from batchfill.adapters.kube import KubeTemporaryError
+from batchfill.render.pool import loaded_label
 
 
 def _pod(name: str, ns: str = "ml", rv: str = "5", ready: str = "True") -> dict[str, Any]:
@@ -28,6 +29,20 @@ def _pod(name: str, ns: str = "ml", rv: str = "5", ready: str = "True") -> dict[
 @pytest.fixture
 def informer() -> Informer:
     return Informer(client.ApiClient(client.Configuration()), "pods", "", "app=x")
+
+
+def test_a_cached_pod_keeps_its_resource_version_and_only_the_pools_model_annotations(informer: Informer) -> None:
+    """The pool loop patches labels under the resourceVersion it read and reads each label's config annotation."""
+    pod = _pod("p1", rv="42")
+    key = loaded_label("bm-a")
+    pod["metadata"]["annotations"] = {key: "0123abcd", "prometheus.io/scrape": "true", "big": "x" * 10_000}
+    informer._apply({"type": "ADDED", "object": pod}, "1")
+    cached = informer.get("ml", "p1")
+    assert cached is not None
+    assert cached["metadata"]["resourceVersion"] == "42"
+    assert cached["metadata"]["annotations"] == {key: "0123abcd"}
+    informer._apply({"type": "ADDED", "object": _pod("p2")}, "42")
+    assert "annotations" not in informer.get("ml", "p2")["metadata"]  # type: ignore[index]
 
 
 def test_added_modified_deleted_and_bookmarks(informer: Informer) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
 import pytest
 
 
@@ -30,3 +33,72 @@ def test_apply_of_a_kind_discovery_no_longer_serves_is_a_not_found_error(monkeyp
         kube.apply(monitor)
     monkeypatch.setattr(kube, "forget_kinds", lambda: None)
     assert apply_service_monitor(kube, monitor) is False
+
+
+class _Api:
+    """A one-route HTTP server standing in for the API server: records each request, answers ``status``."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.status = 200
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PATCH(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                api.requests.append((self.command, self.path, dict(self.headers), body))
+                self.send_response(api.status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                reason = {409: "Conflict", 503: "ServiceUnavailable", 404: "NotFound", 422: "Invalid"}
+                status = {"kind": "Status", "code": api.status, "reason": reason.get(api.status, "")}
+                self.wfile.write(json.dumps(status if api.status >= 400 else {"kind": "Pod"}).encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def api() -> Iterator[_Api]:
+    server = _Api()
+    yield server
+    server.server.shutdown()
+
+
+def test_a_pod_label_patch_is_one_merge_patch_under_the_resource_version(api: _Api) -> None:
+    """Kube.patch_pod_metadata over HTTP: one PATCH, application/merge-patch+json, the resourceVersion precondition in
+    the body, None as JSON null (RFC 7386: delete the key); the API's refusals classified like the other calls."""
+    from kubernetes import client
+
+    from batchfill.adapters.kube import Kube, KubeNotFoundError, KubePermanentError, KubeTemporaryError
+    from batchfill.render.kube import FIELD_MANAGER
+
+    kube = Kube(client.ApiClient(client.Configuration(host=api.host)))
+    labels = {"models.batchfill.io/bm-a": "loaded", "models.batchfill.io/bm-b": None}
+    notes = {"models.batchfill.io/bm-a": "0123abcd", "models.batchfill.io/bm-b": None}
+    kube.patch_pod_metadata("p0", "ml", "4711", labels, notes)
+    ((method, path, headers, body),) = api.requests
+    assert (method, path) == ("PATCH", f"/api/v1/namespaces/ml/pods/p0?fieldManager={FIELD_MANAGER}")
+    assert headers["Content-Type"] == "application/merge-patch+json"
+    assert json.loads(body) == {"metadata": {"resourceVersion": "4711", "labels": labels, "annotations": notes}}
+
+    for status, error in [(409, KubeTemporaryError), (503, KubeTemporaryError), (404, KubeNotFoundError),
+                          (422, KubePermanentError)]:  # fmt: skip
+        api.status = status
+        with pytest.raises(error, match=rf"patch pod ml/p0: HTTP {status}") as caught:
+            kube.patch_pod_metadata("p0", "ml", "4711", labels, notes)
+        if status == 409:
+            assert caught.value.delay_s == 1.0  # type: ignore[attr-defined]
+        if status == 422:
+            assert not isinstance(caught.value, KubeTemporaryError)
+    assert len(api.requests) == 5  # one request per call: no retries inside the adapter
