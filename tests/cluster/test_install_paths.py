@@ -189,6 +189,8 @@ def _check_common_denials(install: Install, namespace: str) -> None:
         ("list", "secrets", ()),
         ("create", "pods", ()),
         ("create", "pods", ("--subresource=exec",)),
+        ("delete", "pods", ()),
+        ("update", "pods", ()),
         ("delete", "configmaps", ()),
         ("delete", "replicasets.apps", ()),
         ("delete", "deployments.apps", ()),
@@ -223,6 +225,7 @@ def _check_operator_allowed(install: Install, namespace: str) -> None:
         ("create", "deployments.apps", ()),
         ("patch", "deployments.apps", ("--subresource=scale",)),
         ("list", "pods", ()),
+        ("patch", "pods", ()),  # the pool pods' model labels (batchfill.controller.pool_loop)
         ("create", "events", ()),
         ("create", "events.events.k8s.io", ()),
     ]
@@ -232,6 +235,11 @@ def _check_operator_allowed(install: Install, namespace: str) -> None:
     for verb in ("get", "create", "patch"):
         assert install.review(verb, "monitoring.coreos.com", "servicemonitors", namespace), f"may not {verb} SMs"
     assert not install.review("delete", "monitoring.coreos.com", "servicemonitors", namespace)
+    # GPUPools: read only (platform teams create them); asked directly, as the CRD may be applied moments ago
+    for verb in ("get", "list", "watch"):
+        assert install.review(verb, "batchfill.io", "gpupools", namespace), f"may not {verb} GPUPools"
+    for verb in ("create", "patch", "delete"):
+        assert not install.review(verb, "batchfill.io", "gpupools", namespace), f"may {verb} GPUPools"
 
 
 def _check_leader_election(install: Install, own: str, others: list[str]) -> None:

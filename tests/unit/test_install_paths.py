@@ -4,9 +4,9 @@ scripts/build-helm.sh) and the machine's kubectl, and checked object by object.
 
 What is checked: every rendered object's kind, name and namespace; RBAC is exactly the documented rules (no
 wildcards, no Secrets; leases only in the operator's own namespace, for leader election); the operator runs under
-the "restricted" Pod Security Standard, two replicas electing one; the chart's and the kustomize base's CRD are the
-generated crds/batchedmodel.yaml; `kubectl kustomize deploy/base` is the chart's default install; the chart's
-settings reach `batchfill run` under the names batchfill.controller.settings reads.
+the "restricted" Pod Security Standard, two replicas electing one; the chart's and the kustomize base's CRDs are the
+generated crds/batchedmodel.yaml and crds/gpupool.yaml; `kubectl kustomize deploy/base` is the chart's default
+install; the chart's settings reach `batchfill run` under the names batchfill.controller.settings reads.
 Applying them to a real API server is tests/cluster/test_install_paths.py.
 """
 
@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from batchfill.api.crd import CRD_NAME
+from batchfill.api.crd import CRD_NAME, POOL_CRD_NAME
+from batchfill.api.pool import POOL_PLURAL
 from batchfill.api.reasons import ScalingReason
 from batchfill.api.spec import GROUP, KIND, PLURAL
 from batchfill.api.validate import load_model
@@ -35,7 +36,10 @@ from batchfill.render.kube import Owner, build_deployment
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "batchfill"
 CRD = ROOT / "crds" / "batchedmodel.yaml"
-CRD_COPIES = [CHART / "crds" / "batchedmodel.yaml", ROOT / "deploy" / "base" / "crds" / "batchedmodel.yaml"]
+#: The generated CRDs (crds/, checked against the generator by test_crd.py and test_pool_api.py), each copied into
+#: the chart and the kustomize base.
+CRD_FILES = ("batchedmodel.yaml", "gpupool.yaml")
+CRD_COPIES = [(d / "crds" / f, ROOT / "crds" / f) for f in CRD_FILES for d in (CHART, ROOT / "deploy" / "base")]
 BUILD_HELM = "scripts/build-helm.sh"
 RELEASE, NAMESPACE = "batchfill", "batchfill-system"
 OPERATOR_UID = 10001
@@ -48,7 +52,8 @@ NAMESPACED_RULES = [
     (["apps"], ["deployments"], ["get", "list", "watch", "create", "patch"]),
     (["apps"], ["replicasets"], ["list"]),
     (["apps"], ["deployments/scale"], ["get", "patch"]),
-    ([""], ["pods"], ["get", "list", "watch"]),
+    ([""], ["pods"], ["get", "list", "watch", "patch"]),
+    ([GROUP], [POOL_PLURAL], ["get", "list", "watch"]),
     ([""], ["events"], ["create", "patch"]),
     (["events.k8s.io"], ["events"], ["create", "patch"]),
     (["monitoring.coreos.com"], ["servicemonitors"], ["get", "list", "watch", "create", "patch"]),
@@ -183,16 +188,19 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 
 
 # --- the CRD copies ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("copy", CRD_COPIES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_crd_copy_is_byte_identical_to_generated_crd(copy: Path) -> None:
-    assert copy.read_bytes() == CRD.read_bytes(), (
-        f"{copy.relative_to(ROOT)} differs from crds/batchedmodel.yaml; refresh it with: "
-        f"cp crds/batchedmodel.yaml {copy.relative_to(ROOT)}"
+@pytest.mark.parametrize(("copy", "generated"), CRD_COPIES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_crd_copy_is_byte_identical_to_generated_crd(copy: Path, generated: Path) -> None:
+    assert copy.read_bytes() == generated.read_bytes(), (
+        f"{copy.relative_to(ROOT)} differs from {generated.relative_to(ROOT)}; refresh it with: "
+        f"cp {generated.relative_to(ROOT)} {copy.relative_to(ROOT)}"
     )
 
 
-def test_chart_crds_dir_holds_only_the_crd() -> None:
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == ["batchedmodel.yaml"]
+def test_chart_crds_dir_holds_only_the_crds() -> None:
+    for d in (CHART / "crds", ROOT / "deploy" / "base" / "crds", ROOT / "crds"):
+        assert sorted(p.name for p in d.iterdir()) == sorted(CRD_FILES), d
+    resources = yaml.safe_load((ROOT / "deploy" / "base" / "kustomization.yaml").read_text())["resources"]
+    assert [r for r in resources if r.startswith("crds/")] == [f"crds/{f}" for f in CRD_FILES]
 
 
 # --- helm lint / template ---------------------------------------------------------------------------------------
@@ -207,6 +215,7 @@ def test_default_render_objects(helm: str) -> None:
     assert sorted(map(_key, objs), key=str) == sorted(
         [
             ("CustomResourceDefinition", CRD_NAME, None),
+            ("CustomResourceDefinition", POOL_CRD_NAME, None),
             ("ServiceAccount", RELEASE, NAMESPACE),
             ("ClusterRole", RELEASE, None),
             ("ClusterRoleBinding", RELEASE, None),
@@ -217,7 +226,8 @@ def test_default_render_objects(helm: str) -> None:
         ],
         key=str,
     )
-    assert _only(objs, "CustomResourceDefinition") == yaml.safe_load(CRD.read_text())
+    crds = sorted((o for o in objs if o["kind"] == "CustomResourceDefinition"), key=lambda o: o["metadata"]["name"])
+    assert crds == [yaml.safe_load(CRD.read_text()), yaml.safe_load((ROOT / "crds" / "gpupool.yaml").read_text())]
     _assert_leader_election_rbac(objs)
     role = _only(objs, "ClusterRole")
     assert _rules(role) == CLUSTER_READ_RULES + NAMESPACED_RULES

@@ -93,9 +93,15 @@ Server-side apply needs both create (object absent) and patch (object present).
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]
   verbs: ["get", "patch"]
-# batchfill: Triton pod readiness and the reasons pods stay Pending (e.g. no free nvidia.com/gpu).
+# batchfill: Triton pod readiness and the reasons pods stay Pending (e.g. no free nvidia.com/gpu); patch: the
+# GPUPool pods' models.batchfill.io/<model> labels and annotations that route each shared model's Service
+# (batchfill.controller.pool_loop, a merge patch of metadata under the pod's resourceVersion).
 - apiGroups: [""]
   resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch"]
+# batchfill: the GPUPools whose pods it loads shared models onto (read only: platform teams create them).
+- apiGroups: ["batchfill.io"]
+  resources: ["gpupools"]
   verbs: ["get", "list", "watch"]
 # kopf (kopf.event, handler errors: core v1 Events) and batchfill's decision events.
 - apiGroups: [""]
