@@ -204,38 +204,46 @@ def bed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Bed]:
 
 
 def test_a_wanted_model_is_loaded_on_both_pods_then_labelled_only_once_ready(bed: Bed) -> None:
-    bed.triton.slow = {"p1"}  # p1's load outlasts its timeout: Triton reports LOADING
+    bed.triton.slow = {"p1"}  # p1's load outlasts its timeout: Triton goes on, reporting LOADING
     first = writes(bed.tick())
-    assert first[:2] == [("load", "p0", "a"), ("load", "p1", "a")]
-    assert not any(w[0] == "patch" for w in first), "labelled before Triton reported READY"
-    assert not bed.kube.labelled("p0", "bm-a")
+    assert first == [("load", "p0", "a"), ("load", "p1", "a"), ("event", "bm-a", Why.MODEL_LOADED)]
+    assert not bed.kube.labelled("p0", "bm-a")  # nothing labelled before Triton reported READY
     assert not bed.kube.labelled("p1", "bm-a")
-    assert [(w[2]) for w in first[2:]] == [Why.MODEL_LOADED, Why.MODEL_LOAD_FAILED]  # p1's timeout: a Warning
 
     second = writes(bed.tick())  # p0 READY after our load: labelled; p1 still LOADING: held
     key = loaded_label("bm-a")
     config = bed.plans[0].loads[0].config_hash
-    assert second == [
-        ("patch", "p0", ((key, LOADED),)),
-        ("event", "bm-a", Why.MODEL_ROUTED),
-    ]
+    assert second == [("patch", "p0", ((key, LOADED),)), ("event", "bm-a", Why.MODEL_ROUTED)]
     assert bed.kube.pods[(NS, "p0")]["metadata"]["annotations"] == {"prometheus.io/scrape": "true", key: config}
     assert [h.reason for h in bed.plans[1].holds if h.pod == "p1"] == [Why.HOLD_IN_TRANSITION]
     assert not bed.kube.labelled("p1", "bm-a")
 
-    # the load ended well after its timeout: READY, but with a config the operator does not know, and the timeout
-    # counted as a failed load: loaded again (to know what it serves) after LOAD_RETRY_S, labelled after that
-    bed.triton.state["p1"]["a"] = ModelState.READY
-    bed.triton.slow = set()
-    assert writes(bed.tick()) == []
-    assert [h.reason for h in bed.plans[2].holds if h.pod == "p1"] == [Why.HOLD_LOAD_BACKOFF]
-    bed.now += LOAD_RETRY_S
-    assert writes(bed.tick())[0] == ("load", "p1", "a")
-    assert writes(bed.tick())[0] == ("patch", "p1", ((key, LOADED),))
+    bed.triton.state["p1"]["a"] = ModelState.READY  # the timed-out load ended well: it is our config
+    assert writes(bed.tick()) == [("patch", "p1", ((key, LOADED),)), ("event", "bm-a", Why.MODEL_ROUTED)]
     assert bed.kube.labelled("p0", "bm-a")
     assert bed.kube.labelled("p1", "bm-a")
     assert writes(bed.tick()) == []  # converged: nothing more to write
-    assert [c[1] for c in bed.kube.calls if c[0] == "load"] == ["p0", "p1", "p1"]
+    assert [c[1] for c in bed.kube.calls if c[0] == "load"] == ["p0", "p1"]
+
+
+def test_a_load_refused_by_triton_warns_and_is_retried_after_the_backoff(bed: Bed) -> None:
+    refused = TritonCallError("p1", "a", "load", 400, "load failed for model 'a': version 1 is at UNAVAILABLE state")
+
+    def load(address: str, pod: str, request: TritonRequest) -> TritonCallError | None:
+        result = bed.triton.load(address, pod, request)
+        if pod == "p1":
+            bed.triton.state["p1"]["a"] = ModelState.UNAVAILABLE
+            return refused
+        return result
+
+    bed.loop.repository = Repository(index=bed.triton.index, load=load, unload=bed.triton.unload)
+    first = writes(bed.tick())
+    assert ("event", "bm-a", Why.MODEL_LOAD_FAILED) in first
+    assert bed.kube.events[-1] == ("Warning", Why.MODEL_LOAD_FAILED, str(refused))
+    for _ in range(3):
+        assert ("load", "p1", "a") not in writes(bed.tick())  # within LOAD_RETRY_S: held
+    bed.now += LOAD_RETRY_S
+    assert ("load", "p1", "a") in writes(bed.tick())
 
 
 def test_a_move_keeps_a_labelled_ready_copy_at_every_tick_and_unloads_after_the_drain(bed: Bed) -> None:

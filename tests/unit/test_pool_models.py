@@ -258,6 +258,27 @@ def test_outcomes_update_the_memory_and_give_one_event_each() -> None:
     ]
 
 
+def test_an_unanswered_load_is_under_way_unless_it_replaces_a_ready_copy() -> None:
+    """A load that timed out goes on in Triton: remembered as ours (labelled once READY, no reload, no backoff, no
+    Warning). Over a READY copy, READY would not tell the new version from the old one Triton keeps: a failure."""
+    timeout = str(TritonCallError("p1", "a", "load", None, "timeout: timed out"))
+    fresh = Load("p1", "10.0.0.1:8000", "bm-a", "a", want({"p1"}).request, "h1")
+    mem, events = remember(PoolModelsMemory(), [Outcome(fresh, timeout, NOW, answered=False)])
+    assert (mem.loaded, mem.failed, events) == ({("p1", "a"): "h1"}, {}, [])
+    plan = decide_pool_models([pod("p1", {"a": L})], [want({"p1"})], mem, NOW + 5)
+    assert summary(plan) == ([], [], [], [Why.HOLD_IN_TRANSITION])
+    plan = decide_pool_models([pod("p1", {"a": R})], [want({"p1"})], plan.memory, NOW + 10)
+    assert summary(plan) == ([], [("p1", KEY, "h1")], [], [])  # labelled: no second load
+
+    over = Load("p1", "10.0.0.1:8000", "bm-a", "a", want({"p1"}).request, "h2", replaces=True)
+    mem, events = remember(PoolModelsMemory(), [Outcome(over, timeout, NOW, answered=False)])
+    assert (mem.loaded, mem.failed) == ({}, {("p1", "a"): LoadFailure("h2", NOW, timeout)})
+    assert [(e.type, e.reason) for e in events] == [("Warning", Why.MODEL_LOAD_FAILED)]
+    reload = decide_pool_models([pod("p1", {"a": R}, label="h1")], [want({"p1"}, "h2")], PoolModelsMemory(), NOW)
+    assert [w.replaces for w in reload.loads] == [True]
+    assert [w.replaces for w in decide_pool_models([pod("p1", {})], [want({"p1"})], mem, NOW).loads] == [False]
+
+
 def test_a_repeated_unload_failure_warns_once() -> None:
     unload = Unload("p2", "10.0.0.2:8000", "a")
     mem, first = remember(PoolModelsMemory(), [Outcome(unload, "pod p2: unload a: no answer: timeout", NOW)])

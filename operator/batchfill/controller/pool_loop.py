@@ -299,4 +299,8 @@ def _late(write: Load | Unload, deadline_s: float) -> TritonCallError:
 
 
 def _outcome(write: Load | Unload, result: TritonCallError | None, now: float) -> Outcome:
-    return Outcome(write, None if result is None else str(result), now)
+    if result is None:
+        return Outcome(write, None, now)
+    if result.status is None:
+        log.warning("pool-models: %s (its outcome is read from the index next tick)", result)
+    return Outcome(write, str(result), now, answered=result.status is not None)

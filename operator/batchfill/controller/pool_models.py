@@ -145,7 +145,8 @@ class PoolModelsMemory:
 
 @dataclass(frozen=True)
 class Load:
-    """Execute ``request`` on ``pod`` (Triton at ``address``) for BatchedModel ``name``."""
+    """Execute ``request`` on ``pod`` (Triton at ``address``) for BatchedModel ``name``; ``replaces``: the model is
+    READY there already (another or an unknown config), so the index cannot show how an unanswered load ended."""
 
     pod: str
     address: str
@@ -153,6 +154,7 @@ class Load:
     model: str
     request: TritonRequest
     config_hash: str
+    replaces: bool = False
 
 
 @dataclass(frozen=True)
@@ -261,13 +263,14 @@ def _serving(pods: Sequence[PoolPod], by_model: Mapping[str, WantedModel]) -> di
     return out
 
 
-def _load(t: _Tick, pod: PoolPod, w: WantedModel) -> None:
+def _load(t: _Tick, pod: PoolPod, w: WantedModel, state: ModelState) -> None:
     failure = t.memory.failed.get((pod.name, w.model))
     if failure is not None and failure.config_hash == w.config_hash and t.now - failure.at < t.retry_s:
         wait = t.retry_s - (t.now - failure.at)
         t.hold(pod.name, w.model, Why.HOLD_LOAD_BACKOFF, f"load failed: {failure.message}; again in {wait:.0f} s")
         return
-    t.loads.append(Load(pod.name, pod.address, w.name, w.model, w.request, w.config_hash))
+    replaces = state == ModelState.READY
+    t.loads.append(Load(pod.name, pod.address, w.name, w.model, w.request, w.config_hash, replaces))
 
 
 def _wanted_here(t: _Tick, pod: PoolPod, w: WantedModel, state: ModelState) -> None:
@@ -288,7 +291,7 @@ def _wanted_here(t: _Tick, pod: PoolPod, w: WantedModel, state: ModelState) -> N
     elif labelled:  # labelled where it is not loaded: every request routed there fails
         t.route(pod.name, Route(key, w.name, w.model, None))
         t.serving[w.model].discard(pod.name)
-    _load(t, pod, w)
+    _load(t, pod, w, state)
 
 
 def _unwanted_here(t: _Tick, pod: PoolPod, m: str, w: WantedModel | None, state: ModelState, stale: bool) -> None:
@@ -377,11 +380,14 @@ def decide_pool_models(
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one write of a plan did: ``error`` None when it succeeded, else its one-line error; ``at`` epoch s."""
+    """What one write of a plan did: ``error`` None when it succeeded, else its one-line error; ``at`` epoch s.
+    ``answered`` False: no answer came (refused, timed out), so the write may still be under way: a load that timed
+    out goes on in Triton, whose index says ``LOADING`` until it ends."""
 
     write: Load | PodPatch | Unload
     error: str | None
     at: float
+    answered: bool = True
 
 
 @dataclass(frozen=True)
@@ -395,9 +401,14 @@ class PoolEvent:
     message: str
 
 
-def _load_outcome(mem: PoolModelsMemory, o: Outcome, w: Load) -> tuple[PoolModelsMemory, PoolEvent]:
+def _load_outcome(mem: PoolModelsMemory, o: Outcome, w: Load) -> tuple[PoolModelsMemory, PoolEvent | None]:
     key = (w.pod, w.model)
     failed = {k: v for k, v in mem.failed.items() if k != key}
+    if o.error is not None and not o.answered and not w.replaces:
+        # not known to have failed: if Triton finishes it READY, it is this config (labelled then, no reload); if it
+        # ends not loaded, the index says so and the next tick loads again, without a backoff or a Warning. (A load
+        # over a READY copy is a failure when unanswered: READY then may be the old version, kept by Triton.)
+        return replace(mem, loaded={**mem.loaded, key: w.config_hash}, failed=failed), None
     if o.error is None:
         loaded = {**mem.loaded, key: w.config_hash}
         event = PoolEvent("Normal", Why.MODEL_LOADED, w.name, w.pod, f"loaded on pod {w.pod} (config {w.config_hash})")
@@ -439,8 +450,8 @@ def remember(memory: PoolModelsMemory, outcomes: Sequence[Outcome]) -> tuple[Poo
     events: list[PoolEvent] = []
     for o in outcomes:
         if isinstance(o.write, Load):
-            memory, event = _load_outcome(memory, o, o.write)
-            events.append(event)
+            memory, maybe = _load_outcome(memory, o, o.write)
+            events.extend([maybe] if maybe else [])
         elif isinstance(o.write, Unload):
             memory, maybe = _unload_outcome(memory, o, o.write)
             events.extend([maybe] if maybe else [])
