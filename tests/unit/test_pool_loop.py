@@ -28,9 +28,10 @@ import pytest
 
 from batchfill.adapters.kube import KubeTemporaryError
 from batchfill.adapters.triton_repository import IndexEntry, ModelState, TritonCallError
+from batchfill.api.pool import GPUPoolSpec
 from batchfill.api.reasons import PoolModelReason as Why
 from batchfill.controller import pool_loop
-from batchfill.controller.pool_loop import PoolModelsLoop, Repository
+from batchfill.controller.pool_loop import PoolModelsLoop, Repository, pool_members
 from batchfill.controller.pool_models import DRAIN_S, LOAD_RETRY_S, PoolModelsPlan
 from batchfill.controller.settings import OperatorSettings
 from batchfill.render.pool import LOADED, TritonRequest, loaded_label, pool_selector_labels
@@ -358,3 +359,65 @@ def test_a_pool_pass_is_postponed_when_the_api_or_the_cache_fails(bed: Bed, capl
     assert not [c for c in bed.kube.calls if c[0] == "index"]
     assert "postponed" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def _member(name: str, triton_model: str, spec_placement: dict[str, Any], **status: Any) -> dict[str, Any]:
+    kube = PoolKube()
+    kube.add_shared_model(name, triton_model)
+    body = kube.models[(NS, name)]
+    body["spec"]["placement"] = spec_placement
+    body["status"] |= status
+    return body
+
+
+def test_pool_members_follow_spec_and_status_placement() -> None:
+    """Which BatchedModels a pool serves and on which pods (``pool_members``), and why the others are left out."""
+    kube = PoolKube()
+    kube.add_pool()
+    pool = kube.gpu_pools[0]
+    spec = GPUPoolSpec.model_validate(pool["spec"])
+    shared, auto = {"mode": "Shared", "pool": POOL}, {"mode": "Auto", "pool": POOL}
+    on_pool = {"mode": "Shared", "pool": POOL, "podCount": 0}
+    models = [
+        _member("m-shared", "a", shared),
+        _member("m-auto-shared", "b", auto, placement=on_pool),
+        _member("m-auto-dedicated", "c", auto, placement={**on_pool, "mode": "Dedicated"}),  # leaving: no pod
+        _member("m-auto-gone", "d", auto, placement={**on_pool, "mode": "Dedicated"}, readyReplicas=2),  # left
+        _member("m-auto-elsewhere", "e", auto, placement={**on_pool, "pool": "other"}),
+        _member("m-other-pool", "f", {"mode": "Shared", "pool": "other"}),
+        _member("m-dedicated", "g", {"mode": "Dedicated"}),
+        _member("m-z-same-triton-name", "a", shared),  # "a" is m-shared's, the first by name
+        _member("m-no-plan", "h", shared),
+    ]
+    del models[-1]["status"]["plan"]
+    models[0]["metadata"] = {**models[0]["metadata"], "namespace": "elsewhere"}  # another namespace's: not ours
+    models.append(_member("m-shared", "a", shared))
+    wanted, notes = pool_members(pool, spec, models, ["p0", "p1"])
+    assert {w.name: (w.model, sorted(w.pods)) for w in wanted} == {
+        "m-shared": ("a", ["p0", "p1"]),
+        "m-auto-shared": ("b", ["p0", "p1"]),
+        "m-auto-dedicated": ("c", []),
+        "m-auto-elsewhere": ("e", []),  # names the pool, placed on another: leaving (its copies kept until Ready)
+    }
+    assert notes == [
+        "m-no-plan: no plan in status yet",
+        "m-z-same-triton-name: Triton model 'a' is already m-shared's on this pool",
+    ]
+    assert wanted[0].request.path.startswith("/v2/repository/models/")
+    cpu, _ = pool_members(pool, spec, models, ["p0"], instance_kind="KIND_CPU")
+    assert '"KIND_CPU"' in cpu[0].request.body["parameters"]["config"]
+
+    few = GPUPoolSpec.model_validate({**pool["spec"], "maxModelsPerPod": 1})
+    wanted, notes = pool_members(pool, few, models, ["p0"])
+    assert [w.name for w in wanted] == ["m-auto-dedicated"]  # the first by name
+    assert notes[-2:] == ["m-auto-shared: beyond maxModelsPerPod=1", "m-shared: beyond maxModelsPerPod=1"]
+
+
+def test_only_max_pods_plus_one_ready_pods_are_read(bed: Bed) -> None:
+    for i in range(2, 7):
+        bed.kube.add_pool_pod(f"p{i}", f"10.0.0.{10 + i}")
+    bed.tick()
+    read = sorted(c[1] for c in bed.kube.calls if c[0] == "index")
+    assert read == ["p0", "p1", "p2", "p3", "p4"]  # POOL_DOC's maxPods 4, and a surge pod
+    assert {c[1] for c in bed.kube.calls if c[0] == "load"} == set(read)
+    assert [h.reason for h in bed.plans[0].holds if h.pod in ("p5", "p6")] == [Why.HOLD_POD_UNKNOWN] * 2

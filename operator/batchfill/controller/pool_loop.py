@@ -235,7 +235,7 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
             log.warning("%s of %s/%s skipped: spec invalid (%d errors)", self.name, ns, name, err.error_count())
             return
         raw = self.view.list_pods(ns, pool_selector_labels(name))
-        pods = self._gather(raw)
+        pods = self._gather(raw, spec.maxPods + 1)
         wanted, notes = pool_members(body, spec, models, [p.name for p in pods], assign=self.assign,
                                      instance_kind=self.kind)  # fmt: skip
         for note in notes:
@@ -248,10 +248,13 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         for e in events:
             self._post(by_name.get(e.name, body), e)
 
-    def _gather(self, raw: Sequence[Mapping[str, Any]]) -> list[PoolPod]:
-        """The pods with the index of each one that may be acted on (Ready, with an IP), read in parallel."""
+    def _gather(self, raw: Sequence[Mapping[str, Any]], most: int) -> list[PoolPod]:
+        """The pods with the index of each one that may be acted on (Ready, with an IP), read in parallel; at most
+        ``most`` (spec.maxPods and a rolling update's surge pod, by name): the others stay unknown this tick."""
         seen = [pool_pod(p, None) for p in raw]
-        readable = [p for p in seen if p.ready and p.address]
+        readable = sorted((p for p in seen if p.ready and p.address), key=lambda p: p.name)[:most]
+        if len(readable) < sum(p.ready and bool(p.address) for p in seen):
+            log.warning("%s: more Ready pool pods than maxPods + 1 = %d: the rest are not read", self.name, most)
         index = self.repository.index
         calls = [lambda p=p: index(p.address, p.name) for p in readable]
         late = f"no answer within {INDEX_DEADLINE_S:.0f} s"
