@@ -81,9 +81,11 @@ class Install:
         assert answer in ("yes", "no"), f"kubectl auth can-i {' '.join(args)}: {r.stdout}{r.stderr}"
         return answer == "yes"
 
-    def review(self, verb: str, group: str, resource: str, namespace: str) -> bool:
+    def review(self, verb: str, group: str, resource: str, namespace: str, subresource: str = "") -> bool:
         """A SelfSubjectAccessReview, for resources the cluster does not serve (kubectl can-i cannot map them)."""
         attrs = {"verb": verb, "group": group, "resource": resource, "namespace": namespace}
+        if subresource:
+            attrs["subresource"] = subresource
         with devcluster.api_client(self.sa_kubeconfig) as api:
             review = client.AuthorizationV1Api(api).create_self_subject_access_review(
                 {"spec": {"resourceAttributes": attrs}}
@@ -240,6 +242,7 @@ def _check_operator_allowed(install: Install, namespace: str) -> None:
         assert install.review(verb, "batchfill.io", "gpupools", namespace), f"may not {verb} GPUPools"
     for verb in ("create", "patch", "delete"):
         assert not install.review(verb, "batchfill.io", "gpupools", namespace), f"may {verb} GPUPools"
+    assert install.review("patch", "batchfill.io", "gpupools", namespace, "status"), "may not patch GPUPool status"
 
 
 def _check_leader_election(install: Install, own: str, others: list[str]) -> None:

@@ -149,8 +149,10 @@ class FakeKube:
         found = self.models.get((namespace, name))
         return copy.deepcopy(found) if found is not None else None
 
-    def patch_status(self, body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    def patch_status(self, body: Mapping[str, Any], status: Mapping[str, Any], plural: str = "") -> bool:
         meta = body["metadata"]
+        if plural:
+            return self.patch_kind_status(plural, body, status)
         self.calls.append(("patch_status", meta["namespace"], meta["name"], copy.deepcopy(dict(status))))
         hook, self.before_status_patch = self.before_status_patch, None
         if hook is not None:
@@ -160,6 +162,9 @@ class FakeKube:
             return False  # the adapter's answer to HTTP 409 (and 404)
         self.write_status(stored, status)
         return True
+
+    def patch_kind_status(self, plural: str, body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+        raise AssertionError(f"status of {plural} patched, which this API server does not serve")
 
     def write_status(self, stored: dict[str, Any], patch: Mapping[str, Any]) -> None:
         merged = apply_defaults(merge_patch(stored.get("status") or {}, patch), STATUS_SCHEMA)

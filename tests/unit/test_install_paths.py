@@ -54,6 +54,7 @@ NAMESPACED_RULES = [
     (["apps"], ["deployments/scale"], ["get", "patch"]),
     ([""], ["pods"], ["get", "list", "watch", "patch"]),
     ([GROUP], [POOL_PLURAL], ["get", "list", "watch"]),
+    ([GROUP], [f"{POOL_PLURAL}/status"], ["get", "patch"]),
     ([""], ["events"], ["create", "patch"]),
     (["events.k8s.io"], ["events"], ["create", "patch"]),
     (["monitoring.coreos.com"], ["servicemonitors"], ["get", "list", "watch", "create", "patch"]),

@@ -28,17 +28,17 @@ import pytest
 
 from batchfill.adapters.kube import KubeTemporaryError
 from batchfill.adapters.triton_repository import IndexEntry, ModelState, TritonCallError
-from batchfill.api.pool import GPUPoolSpec
+from batchfill.api.pool import POOL_PLURAL, GPUPoolSpec
 from batchfill.api.reasons import PoolModelReason as Why
 from batchfill.controller import pool_loop
-from batchfill.controller.pool_loop import PoolModelsLoop, Repository, pool_members
+from batchfill.controller.desired import desired_state
+from batchfill.controller.pool_loop import PoolModelsLoop, Repository, every_pod, pool_members
 from batchfill.controller.pool_models import DRAIN_S, LOAD_RETRY_S, PoolModelsPlan
 from batchfill.controller.settings import OperatorSettings
 from batchfill.render.pool import LOADED, TritonRequest, loaded_label, pool_selector_labels
 
 from .test_controller_loops import MODEL, NS, SCALING_SPEC, T0, FakeKube, FakeView, merge_patch
 from .test_pool_api import POOL_DOC
-from .test_render_model_config import make_plan
 
 POOL = "shared"
 TICK_S = 5.0
@@ -79,6 +79,19 @@ class PoolKube(FakeKube):
         meta["annotations"] = merge_patch(meta.get("annotations") or {}, annotations)
         meta["resourceVersion"] = self._rv()
 
+    def patch_kind_status(self, plural: str, body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+        meta = body["metadata"]
+        assert plural == POOL_PLURAL
+        self.calls.append(("patch_pool_status", meta["namespace"], meta["name"], copy.deepcopy(dict(status))))
+        for pool in self.gpu_pools:
+            if pool["metadata"]["name"] == meta["name"] and pool["metadata"]["namespace"] == meta["namespace"]:
+                if pool["metadata"]["resourceVersion"] != meta["resourceVersion"]:
+                    return False
+                pool["status"] = merge_patch(pool.get("status") or {}, status)
+                pool["metadata"]["resourceVersion"] = self._rv()
+                return True
+        return False
+
     def add_pool(self) -> None:
         doc = copy.deepcopy(POOL_DOC)
         doc["metadata"] = {"name": POOL, "namespace": NS, "uid": "uid-pool", "resourceVersion": self._rv()}
@@ -89,7 +102,8 @@ class PoolKube(FakeKube):
         spec["model"] = {**MODEL, "name": triton_model}
         spec["placement"] = {"mode": "Shared", "pool": POOL}
         self.create_model(name, spec)
-        plan = make_plan(8, [4, 8], 2500).model_dump(mode="json", exclude_none=True)
+        # the plan the handlers store (controller.status.desired_status), so the pool loop's status write keeps it
+        plan = desired_state(spec).plan_status.model_dump(mode="json", exclude_none=True)
         self.models[(NS, name)]["status"] = {"plan": plan}
 
     def add_pool_pod(self, name: str, ip: str, *, ready: bool = True) -> None:
@@ -199,7 +213,8 @@ def bed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Bed]:
 
     monkeypatch.setattr(pool_loop, "decide_pool_models", recorded)
     repo = Repository(index=triton.index, load=triton.load, unload=triton.unload)
-    loop = PoolModelsLoop(kube, FakeView(kube), OperatorSettings(), repository=repo)  # type: ignore[arg-type]
+    # every_pod: these tests are of the loads and labels; the joint plan's own choice of pods is tested below
+    loop = PoolModelsLoop(kube, FakeView(kube), OperatorSettings(), repository=repo, assign=every_pod)  # type: ignore[arg-type]
     yield Bed(kube, triton, loop, plans)
     loop.pool.shutdown(wait=True)
 
@@ -317,12 +332,13 @@ def test_a_failed_label_patch_is_retried_next_tick_without_loading_again(bed: Be
 
 def test_the_loops_writes_are_exactly_the_decisions_writes(bed: Bed) -> None:
     """Over a join, a second model, a config change and a leave, each tick's Triton calls and patches are its plan's
-    loads, patches and unloads in that order, and nothing else is written but Events."""
+    loads, patches and unloads in that order; the rest is Events, the members' and the pool's status, the pool's
+    Deployment and the re-apply of a member whose placement changed (controller.pool_sync)."""
     bed.tick(), bed.tick()
     bed.kube.add_shared_model("bm-b", "b")
     bed.tick(), bed.tick()
-    bed.kube.models[(NS, "bm-a")]["status"]["plan"]["maxQueueDelayMicroseconds"] = 4000  # a new config
-    bed.tick(), bed.tick()
+    bed.kube.models[(NS, "bm-a")]["spec"]["sla"]["latencyP99Ms"] = 150  # a new plan, written to status by the loop
+    bed.tick(), bed.tick(), bed.tick()
     bed.kube.models[(NS, "bm-b")]["spec"]["placement"] = {"mode": "Dedicated", "pool": POOL}
     bed.kube.models[(NS, "bm-b")]["status"]["readyReplicas"] = 1  # its own replicas serve it
     bed.now += DRAIN_S
@@ -340,7 +356,10 @@ def test_the_loops_writes_are_exactly_the_decisions_writes(bed: Bed) -> None:
         wanted += [("unload", w.pod, w.model) for w in plan.unloads]
         assert made == wanted
         others = {c[0] for c in calls[a:b]} - {"load", "unload", "patch_pod_metadata", "post_event"}
-        assert others <= {"list_gpu_pools", "list_batched_models", "cache.check", "cache.list_pods", "index"}
+        reads = {"list_gpu_pools", "list_batched_models", "cache.check", "cache.list_pods", "cache.get", "index",
+                 "get_batched_model", "get", "has_kind"}  # fmt: skip
+        assert others <= reads | {"apply", "patch_status", "patch_pool_status", "scale_deployment"}
+        assert {c[1] for c in calls[a:b] if c[0] == "apply"} <= {"Deployment", "Service", "ConfigMap"}
     made = [c for c in calls if c[0] in ("load", "unload")]
     assert made.count(("load", "p0", "a")) == 2
     assert made.count(("load", "p0", "b")) == 1

@@ -103,6 +103,11 @@ Server-side apply needs both create (object absent) and patch (object present).
 - apiGroups: ["batchfill.io"]
   resources: ["gpupools"]
   verbs: ["get", "list", "watch"]
+# batchfill: a GPUPool's status (its pods, ready and desired pods, models, plan headroom), written by the
+# pool loop through the status subresource; the spec stays the platform team's.
+- apiGroups: ["batchfill.io"]
+  resources: ["gpupools/status"]
+  verbs: ["get", "patch"]
 # kopf (kopf.event, handler errors: core v1 Events) and batchfill's decision events.
 - apiGroups: [""]
   resources: ["events"]

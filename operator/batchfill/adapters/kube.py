@@ -384,19 +384,22 @@ class Kube:
         except HTTPError as e:
             raise _classify(e, f"get BatchedModel {namespace}/{name}") from None
 
-    def patch_status(self, body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-        """Merge-patch ``status`` of a BatchedModel if it is still at ``body``'s resourceVersion.
+    def patch_status(self, body: Mapping[str, Any], status: Mapping[str, Any], plural: str = "") -> bool:
+        """Merge-patch ``status`` of a BatchedModel (or of the batchfill.io kind ``plural``: gpupools) if it is
+        still at ``body``'s resourceVersion.
 
         Returns False when the object changed since ``body`` was read (HTTP 409) or is gone (404): the caller's
         status was computed from an old state and must not overwrite a newer one; the next tick recomputes it.
         """
         from batchfill.api.spec import GROUP, PLURAL, VERSION
 
+        plural = plural or PLURAL
+
         meta = body["metadata"]
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": dict(status)}
         try:
             client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
-                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch, field_manager=FIELD_MANAGER
+                GROUP, VERSION, meta["namespace"], plural, meta["name"], patch, field_manager=FIELD_MANAGER
             )
         except ApiException as e:
             if e.status in (404, 409):

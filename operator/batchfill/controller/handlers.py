@@ -31,10 +31,12 @@ from batchfill.api.reasons import SpecReason
 from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.controller.desired import render_on_cpu
 from batchfill.controller.loops import ProfilingLoop, ScalingLoop
+from batchfill.controller.pool_loop import PoolModelsLoop
 from batchfill.controller.reconcile import SpecRejectedError, emitter, reconcile
 from batchfill.controller.settings import OperatorSettings
 from batchfill.controller.status import rejection_status
 from batchfill.render.kube import CHILDREN_SELECTOR
+from batchfill.render.pool import POOL_CHILDREN_SELECTOR
 
 log = logging.getLogger("batchfill")
 ANNOTATION_PREFIX = GROUP  # kopf's progress and diff-base annotations: batchfill.io/...
@@ -82,6 +84,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.scaling_loop.start()
     memo.profiling_loop = ProfilingLoop(memo.kube, CachedView(memo.kube, memo.child_caches), ours)
     memo.profiling_loop.start()
+    # GPUPools' pods and Deployments carry the pool label, not a BatchedModel's: caches of their own
+    memo.pool_caches = ChildCaches(
+        memo.kube.watch_client(2 * scopes + 2), POOL_CHILDREN_SELECTOR, ours.exact_namespaces,
+        max_stale_s=2 * ours.reconcile_interval_s,
+    ).start()  # fmt: skip
+    memo.pool_loop = PoolModelsLoop(memo.kube, CachedView(memo.kube, memo.pool_caches), ours, hub=memo.signal_hub)
+    memo.pool_loop.start()
 
 
 def watch_timeouts(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
@@ -131,7 +140,7 @@ def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int, *, fi
 
 @kopf.on.cleanup()
 def stop_scaling(memo: kopf.Memo, **_: Any) -> None:
-    for attr in ("scaling_loop", "profiling_loop", "child_caches"):
+    for attr in ("scaling_loop", "profiling_loop", "pool_loop", "child_caches", "pool_caches"):
         loop = getattr(memo, attr, None)
         if loop is not None:
             loop.stop()

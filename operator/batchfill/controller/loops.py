@@ -42,6 +42,7 @@ from batchfill.controller.profiling import (
 from batchfill.controller.reconcile import log_event, reapply
 from batchfill.controller.scaling import ScalingMemory, act_scale, decide_scale, gather_scale
 from batchfill.controller.settings import OperatorSettings
+from batchfill.controller.shared_status import served_shared
 from batchfill.policy.conditions import GenerationLag, generation_lag, generation_unhandled
 
 log = logging.getLogger("batchfill")
@@ -168,8 +169,8 @@ class ScalingLoop(PeriodicLoop[ScalingMemory]):
     def _one(self, body: dict[str, Any], now: float) -> None:
         meta = body["metadata"]
         uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
-        if self._reconciled_unhandled(body, now):
-            return
+        if self._reconciled_unhandled(body, now) or served_shared(body):
+            return  # a shared model's copies are the pool loop's (controller/pool_loop.py)
         memory = self.memory.get(uid, ScalingMemory())
         started = time.monotonic()
         try:
@@ -239,6 +240,8 @@ class ProfilingLoop(PeriodicLoop[ProfilingMemory]):
 
     def _one(self, body: dict[str, Any], now: float) -> None:
         meta = body["metadata"]
+        if served_shared(body):
+            return  # no pods of its own to read: measuring on shared pods is not done yet
         try:
             self._profile(body, now)
         except (KubeTemporaryError, KubePermanentError) as err:

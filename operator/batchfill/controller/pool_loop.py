@@ -13,8 +13,12 @@ ScalingLoop` lists BatchedModels) and, per pool:
    :func:`~batchfill.controller.pool_models.remember` into the pool's memory and its Events are posted.
 
 A failed call is that write's outcome, never the tick's end: the other pods and models go on, and the next tick
-decides again from what the pods show. Not started by ``batchfill run`` yet (the children's informer selects pods
-with the BatchedModel label, which pool pods do not carry).
+decides again from what the pods show.
+
+Around that, the pool's joint plan (:mod:`batchfill.controller.pool_plan`: its pods, which pod serves which model)
+and its writes besides the loads (:mod:`batchfill.controller.pool_sync`: the pool's Deployment, each member's
+status, the GPUPool's status). ``batchfill run`` starts it with its own caches of the pool pods and Deployments
+(the children's select the BatchedModel label, which pool pods do not carry).
 """
 
 from __future__ import annotations
@@ -22,18 +26,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from batchfill.adapters import triton_repository
 from batchfill.adapters.informer import CachedView
-from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
+from batchfill.adapters.kube import Kube, KubeNotFoundError, KubePermanentError, KubeTemporaryError
+from batchfill.adapters.metrics import SignalTarget
+from batchfill.adapters.signal_hub import SignalHub
 from batchfill.adapters.triton_repository import IndexEntry, TritonCallError
-from batchfill.api.pool import GPUPoolSpec
+from batchfill.api.pool import POOL_PLURAL, GPUPoolSpec
 from batchfill.api.spec import BatchedModelSpec, PlacementMode
 from batchfill.api.status import PlanStatus
+from batchfill.controller.desired import Desired
 from batchfill.controller.loops import PeriodicLoop, watched
 from batchfill.controller.pool_models import (
     Load,
@@ -50,10 +57,19 @@ from batchfill.controller.pool_models import (
     remember,
     wanted_model,
 )
-from batchfill.controller.reconcile import log_event
+from batchfill.controller.pool_plan import Member, PoolPlan, PoolPlanMemory, decide_pool_plan
+from batchfill.controller.pool_sync import labelled, member, member_writes, pool_deployment, pool_status
+from batchfill.controller.reconcile import SERVICE_MONITOR, apply_service_monitor, log_event, reapply
 from batchfill.controller.settings import OperatorSettings
 from batchfill.render.model_config import InstanceKind
-from batchfill.render.pool import TritonRequest, pool_selector_labels
+from batchfill.render.pool import (
+    PoolOwner,
+    TritonRequest,
+    build_pool_service,
+    build_pool_service_monitor,
+    pool_deployment_name,
+    pool_selector_labels,
+)
 
 log = logging.getLogger("batchfill")
 
@@ -182,7 +198,7 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
     """
 
     name = "pool-models"
-    kinds = ("pods",)
+    kinds = ("pods", "deployments")
 
     def __init__(
         self,
@@ -190,11 +206,16 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         view: CachedView,
         settings: OperatorSettings,
         repository: Repository | None = None,
-        assign: Assign = every_pod,
+        assign: Assign | None = None,
+        hub: SignalHub | None = None,
     ) -> None:
         super().__init__(kube, view, settings, settings.reconcile_interval_s)
         self.repository = repository or Repository()
-        self.assign = assign
+        self.assign = assign  # None: the joint plan's (pool_plan); tests pass every_pod
+        self.hub = hub
+        self.plans: dict[str, PoolPlanMemory] = {}  # pool uid -> its joint plan's memory
+        self.serviced: set[str] = set()  # pool uids whose metrics Service this run has applied
+        self.no_crd = False  # the GPUPool CRD was found missing (said once)
         self.kind: InstanceKind | None = "KIND_CPU" if settings.triton_cpu_image else None
         self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="batchfill-pool")
 
@@ -206,8 +227,13 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         """One pass over every GPUPool (``now``: seconds since the epoch)."""
         try:
             pools = self.kube.list_gpu_pools(self.settings.exact_namespaces)
-            models = self.kube.list_batched_models(self.settings.exact_namespaces)
+            # no pool: nothing to list the models for (a LIST of every BatchedModel per pass saved)
+            models = self.kube.list_batched_models(self.settings.exact_namespaces) if pools else []
             self.view.check(self.kinds)
+        except KubeNotFoundError as err:  # the GPUPool CRD is not installed: no pools, said once
+            if not self.no_crd:
+                log.info("%s: no GPUPools served (%s); passes go on in case the CRD is installed", self.name, err)
+            self.no_crd, pools, models = True, [], []
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("%s pass postponed: %s", self.name, err)
             return
@@ -225,6 +251,9 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
                 log.exception("%s tick of %s/%s failed", self.name, meta["namespace"], meta["name"])
         for uid in set(self.memory) - seen:
             del self.memory[uid]
+        for uid in set(self.plans) - seen:
+            del self.plans[uid]
+        self.serviced &= seen
 
     def _pool(self, body: dict[str, Any], models: Sequence[Mapping[str, Any]], now: float) -> None:
         meta = body["metadata"]
@@ -236,7 +265,12 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
             return
         raw = self.view.list_pods(ns, pool_selector_labels(name))
         pods = self._gather(raw, spec.maxPods + 1)
-        wanted, notes = pool_members(body, spec, models, [p.name for p in pods], assign=self.assign,
+        members = self._members(name, ns, models, raw)
+        pool_plan = decide_pool_plan(spec, [m for _, m, _ in members], [p.name for p in pods if p.known],
+                                     self.plans.get(meta["uid"], PoolPlanMemory()), now)  # fmt: skip
+        self.plans[meta["uid"]] = pool_plan.memory
+        assign = self.assign or (lambda _names, _pods: pool_plan.where)
+        wanted, notes = pool_members(body, spec, models, [p.name for p in pods], assign=assign,
                                      instance_kind=self.kind)  # fmt: skip
         for note in notes:
             log.warning("pool %s/%s: %s", ns, name, note)
@@ -247,6 +281,63 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         by_name = {m["metadata"]["name"]: m for m in models if m["metadata"].get("namespace") == ns}
         for e in events:
             self._post(by_name.get(e.name, body), e)
+        self._sync(body, spec, raw, members, pool_plan, now)
+
+    def _members(
+        self, pool: str, namespace: str, models: Sequence[Mapping[str, Any]], raw: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[Mapping[str, Any], Member, Desired]]:
+        """The models that name the pool (Shared or Auto), each with its observed rate and plan."""
+        out = []
+        for body in sorted(models, key=lambda b: str(b["metadata"]["name"])):
+            meta, placement = body["metadata"], (body.get("spec") or {}).get("placement") or {}
+            if meta.get("namespace") != namespace or meta.get("deletionTimestamp") or placement.get("pool") != pool:
+                continue
+            if placement.get("mode") not in (PlacementMode.SHARED, PlacementMode.AUTO):
+                continue
+            found = member(body, None)
+            if isinstance(found, str):
+                log.warning("pool %s/%s: %s %s", namespace, pool, meta["name"], found)
+                continue
+            m, desired = found
+            copies = frozenset(labelled(raw, m.name))
+            if self.hub is not None and copies:
+                target = SignalTarget(namespace, m.name, m.spec.model.name, desired.plan_status.maxBatchSize, copies)
+                m = replace(m, rate_rps=self.hub.signals(target).request_rate_rps)
+            out.append((body, m, desired))
+        return out
+
+    def _sync(
+        self,
+        body: Mapping[str, Any],
+        spec: GPUPoolSpec,
+        raw: Sequence[Mapping[str, Any]],
+        members: Sequence[tuple[Mapping[str, Any], Member, Desired]],
+        plan: PoolPlan,
+        now: float,
+    ) -> None:
+        """The pool's Deployment, its members' statuses (and their re-apply), the GPUPool's status."""
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        cached = self.view.get("apps/v1", "Deployment", pool_deployment_name(name), ns)
+        owner = PoolOwner(name, ns, meta["uid"])
+        deployment = pool_deployment(owner, spec, cached, plan.pods, raw, cpu_image=self.settings.triton_cpu_image)
+        if deployment is not None:
+            self.kube.apply(deployment)
+        if deployment is not None or meta["uid"] not in self.serviced:
+            # its metrics Service (the pool's one scrape target) with the Deployment, and once per operator run
+            self.kube.apply(build_pool_service(owner))
+            if self.kube.has_kind(*SERVICE_MONITOR):
+                apply_service_monitor(self.kube, build_pool_service_monitor(owner))
+            self.serviced.add(meta["uid"])
+        for w in member_writes(members, plan, raw, now=now):
+            m = w.body["metadata"]
+            if w.status and not self.kube.patch_status(w.body, w.status):
+                continue  # changed meanwhile: the next tick writes from the newer copy
+            if w.reapply:
+                reapply(self.kube, m["name"], m["namespace"], now=now)
+        changed = pool_status(body, plan, raw, len(members))
+        if changed:
+            self.kube.patch_status(body, changed, plural=POOL_PLURAL)
 
     def _gather(self, raw: Sequence[Mapping[str, Any]], most: int) -> list[PoolPod]:
         """The pods with the index of each one that may be acted on (Ready, with an IP), read in parallel; at most

@@ -24,8 +24,9 @@ from batchfill.adapters.kube import Kube, KubeNotFoundError
 from batchfill.api.errors import SpecError
 from batchfill.api.reasons import ConditionType, EventReason
 from batchfill.controller.configs import config_owners
-from batchfill.controller.desired import adopted_profile, desired_state
+from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.rollout import keeps_rolling_in_place
+from batchfill.controller.shared_status import served_shared, shared_status
 from batchfill.controller.status import (
     changed_fields,
     desired_status,
@@ -45,6 +46,7 @@ from batchfill.render.kube import (
     names,
     selector_labels,
 )
+from batchfill.render.pool import build_shared_service
 
 log = logging.getLogger("batchfill")
 
@@ -101,11 +103,13 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in
     status: Mapping[str, Any] = body.get("status") or {}
     generation = meta.get("generation")
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    shared = served_shared(body)
     try:
         desired = desired_state(spec, adopted_profile(spec, status))
         # a plannable spec may still not be deployable (no repository, an object-store uri): a condition, not a
-        # traceback and a retry every minute
-        build_deployment(owner, desired.spec, desired.config_hash, desired.spec.scaling.minReplicas)
+        # traceback and a retry every minute. A shared model is loaded from its pool's repository instead.
+        if not shared:
+            build_deployment(owner, desired.spec, desired.config_hash, desired.spec.scaling.minReplicas)
     except SpecError as err:
         rejected = rejection_status(err, status, generation, now)
         previous = cond.find(status.get("conditions"), ConditionType.PLANNED)
@@ -117,9 +121,10 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in
     # gather
     first = first and not status
     existing = None if first else kube.get("apps/v1", "Deployment", names(owner)["deployment"], owner.namespace)
-    replicas = (existing or {}).get("spec", {}).get("replicas")
-    if replicas is None:
-        replicas = desired.spec.scaling.minReplicas
+    if shared:
+        return _reconcile_shared(body, kube, desired, owner, existing, now=now)
+    placed = status.get("placement") or {}
+    replicas = _replicas(existing, placed, desired.spec.scaling.minReplicas)
     with_monitor = kube.has_kind(*SERVICE_MONITOR)
 
     # a person's rollback (kubectl rollout undo) holds until the spec changes: a resume or a re-apply of the
@@ -135,21 +140,17 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in
     else:
         in_place = in_place or keeps_rolling_in_place(existing)
         deployment = kube.apply(build_deployment(owner, desired.spec, desired.config_hash, replicas, in_place=in_place))
-    kube.apply(build_service(owner))
+    kube.apply(_service(owner, placed, deployment))
     if with_monitor:
         apply_service_monitor(kube, build_service_monitor(owner))
     if not first:  # a new model's only config is the one just applied, owned by the model
         own_configs(kube, owner, deployment)
-    old_hash = ((existing or {}).get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {}).get(
-        CONFIG_HASH_ANNOTATION
-    )
     if existing is None:
         emit("Normal", EventReason.DEPLOYED, f"created Triton Deployment with config {desired.config_hash}")
     elif keep:
-        log.info(
-            "%s/%s: config %s set by %s kept until the spec changes", owner.namespace, owner.name, rolled_back, who
-        )
-    elif old_hash != desired.config_hash:
+        log.info("%s/%s: config %s set by %s kept until the spec changes", meta["namespace"], meta["name"],
+                 rolled_back, who)  # fmt: skip
+    elif (old_hash := _config_hash(existing)) != desired.config_hash:
         emit(
             "Normal",
             EventReason.CONFIG_CHANGED,
@@ -162,6 +163,53 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in
         if warning.message not in str(stored.get("message") or ""):
             emit("Warning", warning.reason, warning.message)
     return changed_fields(status, wanted)
+
+
+def _config_hash(deployment: Mapping[str, Any]) -> str | None:
+    """The config hash of the Deployment's pod template (:data:`CONFIG_HASH_ANNOTATION`), or None."""
+    template = (deployment.get("spec") or {}).get("template") or {}
+    return ((template.get("metadata") or {}).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
+
+
+def _replicas(existing: Mapping[str, Any] | None, placed: Mapping[str, Any], least: int) -> int:
+    """The Deployment's replicas: as they are (the scaling loop's), or ``least`` (minReplicas) for a new one and for
+    one coming back from a pool with its replicas scaled below it."""
+    replicas = (existing or {}).get("spec", {}).get("replicas")
+    if replicas is None or (placed.get("mode") == "Shared" and replicas < least):
+        return least
+    return int(replicas)
+
+
+def _service(owner: Owner, placed: Mapping[str, Any], deployment: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's Service: its own pods', except while it leaves its pool (``status.placement`` still Shared with
+    copies) and no replica of its own is Ready: then the pool's copies keep the model's address."""
+    ready = int(((deployment.get("status") or {}).get("readyReplicas")) or 0)
+    if placed.get("mode") == "Shared" and placed.get("podCount") and not ready:
+        return build_shared_service(owner, str(placed.get("pool")))
+    return build_service(owner)
+
+
+def _reconcile_shared(
+    body: Mapping[str, Any],
+    kube: Kube,
+    desired: Desired,
+    owner: Owner,
+    existing: Mapping[str, Any] | None,
+    *,
+    now: float,
+) -> dict[str, Any]:
+    """A model served on its pool's pods: its Service selects the pods it is loaded and ready on
+    (:func:`batchfill.render.pool.build_shared_service`), the pool loop loads it; no Deployment or config of its own.
+    Replicas of its own from before (it was Dedicated) serve until a pool copy is labelled, then scale to 0."""
+    status: Mapping[str, Any] = body.get("status") or {}
+    copies = int((status.get("placement") or {}).get("podCount") or 0)
+    own = int(((existing or {}).get("spec") or {}).get("replicas") or 0)
+    if existing is None or copies:
+        pool = str(((body.get("spec") or {}).get("placement") or {}).get("pool"))
+        kube.apply(build_shared_service(owner, pool))
+        if own:
+            kube.scale_deployment(names(owner)["deployment"], owner.namespace, 0)
+    return changed_fields(status, shared_status(body, desired, None, now=now))
 
 
 def own_configs(kube: Kube, owner: Owner, deployment: Mapping[str, Any]) -> list[str]:

@@ -46,6 +46,8 @@ from batchfill.render.kube import (
 from batchfill.render.model_config import InstanceKind, build_model_config
 
 POOL_LABEL = f"{GROUP}/gpupool"
+#: Label selector of every pool's pods and Deployments (the pool loop's caches).
+POOL_CHILDREN_SELECTOR = f"app.kubernetes.io/name=triton,{POOL_LABEL}"
 #: Prefix of the per-model label a pool pod carries while that model is loaded and ready on it.
 LOADED_LABEL_PREFIX = f"models.{GROUP}/"
 LOADED = "loaded"
@@ -207,10 +209,62 @@ def build_pool_deployment(owner: Owner, pool: GPUPoolSpec, replicas: int) -> dic
 
 
 def build_shared_service(owner: Owner, pool: str) -> dict[str, Any]:
-    """The model's Service while it is shared: its usual name and ports, selecting the pool's pods it is loaded on."""
+    """The model's Service while it is shared: its usual name and ports, selecting the pool's pods it is loaded on.
+
+    Not a scrape target (no ``prometheus.io/`` annotations): a pod serving several models would be scraped once per
+    model's Service, and every series summed twice or more; the pool's own Service (:func:`build_pool_service`) is
+    the one scraped, and each series' ``model`` label tells the models apart.
+    """
     service = build_service(owner)
     service["spec"]["selector"] = {**pool_selector_labels(pool), loaded_label(owner.name): LOADED}
+    annotations = service["metadata"].get("annotations") or {}
+    service["metadata"]["annotations"] = {k: v for k, v in annotations.items() if not k.startswith("prometheus.io/")}
     return service
+
+
+def build_pool_service(owner: Owner) -> dict[str, Any]:
+    """The pool's metrics Service ``<pool>-pool``: every pool pod's Triton metrics port, the pool's one scrape
+    target (annotated for annotation-based discovery; :func:`build_pool_service_monitor` for prometheus-operator)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": pool_deployment_name(owner.name),
+            "namespace": owner.namespace,
+            "labels": {**pool_selector_labels(owner.name), "app.kubernetes.io/managed-by": "batchfill"},
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(METRICS_PORT),
+                "prometheus.io/path": "/metrics",
+            },
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": pool_selector_labels(owner.name),
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_pool_service_monitor(owner: Owner, interval_s: int = 15) -> dict[str, Any]:
+    """prometheus-operator ServiceMonitor of the pool's metrics Service (keeps the namespace and pod labels, which
+    the signals group by, as a model's own ServiceMonitor does)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {
+            "name": pool_deployment_name(owner.name),
+            "namespace": owner.namespace,
+            "labels": {**pool_selector_labels(owner.name), "app.kubernetes.io/managed-by": "batchfill"},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "selector": {"matchLabels": pool_selector_labels(owner.name)},
+            "namespaceSelector": {"matchNames": [owner.namespace]},
+            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": f"{interval_s}s"}],
+        },
+    }
 
 
 @dataclass(frozen=True)

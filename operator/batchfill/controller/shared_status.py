@@ -1,0 +1,59 @@
+"""The status of a BatchedModel served on a GPUPool's shared pods (pure).
+
+Such a model has no Deployment: its copies are its loads on pool pods, routed by the pods' per-model label
+(:mod:`batchfill.render.pool`). Its status is the one :func:`batchfill.controller.status.desired_status` gives a
+dedicated model, with the copies in the place of the Deployment's replicas (each copy was loaded with the plan's
+config and is labelled only once READY, so all of them are Ready and up to date) and ``status.placement`` from the
+pool loop. The handlers and the pool loop both write it through :func:`shared_status`, so neither undoes the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from batchfill.api.spec import PlacementMode
+from batchfill.controller.desired import Desired
+from batchfill.controller.status import desired_status
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION
+
+
+def served_shared(body: Mapping[str, Any]) -> bool:
+    """Whether the BatchedModel is served on its pool's pods rather than replicas of its own: spec.placement.mode
+    Shared, or Auto while status.placement says Shared (the pool loop's joint plan put it there)."""
+    placement = (body.get("spec") or {}).get("placement") or {}
+    mode = placement.get("mode")
+    if mode == PlacementMode.SHARED:
+        return True
+    status = (body.get("status") or {}).get("placement") or {}
+    return mode == PlacementMode.AUTO and status.get("mode") == "Shared" and status.get("pool") == placement.get("pool")
+
+
+def copies(pods: int, config_hash: str) -> dict[str, Any]:
+    """The model's ``pods`` labelled copies as :func:`desired_status` reads a Deployment: that many replicas, all
+    Ready, updated and available, every one serving ``config_hash``."""
+    counts = {"replicas": pods, "readyReplicas": pods, "updatedReplicas": pods, "availableReplicas": pods}
+    return {
+        "spec": {"replicas": pods, "template": {"metadata": {"annotations": {CONFIG_HASH_ANNOTATION: config_hash}}}},
+        "status": counts,
+    }
+
+
+def shared_status(
+    body: Mapping[str, Any], desired: Desired, placement: Mapping[str, Any] | None, *, now: float
+) -> dict[str, Any]:
+    """The status a shared BatchedModel should have.
+
+    Args:
+        body: the BatchedModel as read.
+        desired: :func:`batchfill.controller.desired.desired_state` of its spec.
+        placement: ``status.placement`` as the API stores it (a :class:`batchfill.api.status.PlacementStatus`
+            dumped to JSON), or None to keep the stored one.
+        now: seconds since the epoch.
+    """
+    stored = (body.get("status") or {}).get("placement") or {}
+    where = dict(placement if placement is not None else stored)
+    out = desired_status(body, desired, copies(int(where.get("podCount") or 0), desired.config_hash), now=now)
+    if where:
+        out["placement"] = where
+    return out
