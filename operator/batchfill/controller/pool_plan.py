@@ -144,13 +144,19 @@ def pod_slots(placement: Placement | None, members: Sequence[Member]) -> tuple[S
 
 
 def assign_slots(slots: Sequence[Slot], pods: Sequence[str], previous: Mapping[Slot, str]) -> dict[Slot, str]:
-    """Each slot's pod: the one it had while that pod is still listed, free slots to free pods by name, and, with
-    fewer pods than slots, the rest onto the pods in turn (sharing until the pool has grown)."""
+    """Each slot's pod: the one it had while that pod is still listed and holds no earlier slot, free slots to free
+    pods by name, and, with fewer pods than slots, the rest onto the pods in turn (sharing until the pool has
+    grown: a pod added then takes a slot from a shared pod, not none)."""
     listed = sorted(set(pods))
     if not listed:
         return {}
-    out = {s: previous[s] for s in slots if previous.get(s) in listed}
-    taken = set(out.values())
+    out: dict[Slot, str] = {}
+    taken: set[str] = set()
+    for s in slots:
+        pod = previous.get(s)
+        if pod in listed and pod not in taken:
+            out[s] = pod
+            taken.add(pod)
     free = [p for p in listed if p not in taken]
     rest = [s for s in slots if s not in out]
     for i, s in enumerate(rest):

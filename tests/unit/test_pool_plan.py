@@ -1,0 +1,261 @@
+"""The pool loop's joint plan (controller/pool_plan.py) and its writes (controller/pool_sync.py,
+controller/shared_status.py): pure functions, fed BatchedModel and pod documents shaped as the API server and the
+informer give them."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+
+from batchfill.api.pool import GPUPoolSpec
+from batchfill.api.spec import PlacementMode
+from batchfill.controller.desired import Desired
+from batchfill.controller.pool_plan import (
+    REPLAN_S,
+    Member,
+    PoolPlanMemory,
+    assign_slots,
+    decide_pool_plan,
+    pod_slots,
+)
+from batchfill.controller.pool_sync import (
+    POOL_HASH_ANNOTATION,
+    labelled,
+    member,
+    member_writes,
+    pool_deployment,
+    pool_status,
+)
+from batchfill.controller.shared_status import copies, served_shared, shared_status
+from batchfill.render.kube import CONFIG_HASH_ANNOTATION
+from batchfill.render.pool import LOADED, PoolOwner, loaded_label, pool_selector_labels
+
+from .test_controller_loops import MODEL, NS, SCALING_SPEC, T0
+from .test_pool_api import POOL_DOC
+
+POOL = "small-models"
+SPEC = GPUPoolSpec.model_validate(POOL_DOC["spec"])  # 10 GiB of GPU memory, maxPods 4
+OWNER = PoolOwner(POOL, NS, "uid-pool")
+
+
+def model_doc(name: str, mode: str = "Shared", **status: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SCALING_SPEC)
+    spec["model"] = {**MODEL, "name": name}
+    spec["placement"] = {"mode": mode, "pool": POOL}
+    meta = {"name": f"bm-{name}", "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "7", "generation": 1}
+    return {"metadata": meta, "spec": spec, "status": dict(status)}
+
+
+def members(*rates: tuple[str, float | None, str]) -> list[tuple[dict[str, Any], Member, Desired]]:
+    out = []
+    for name, rate, mode in rates:
+        doc = model_doc(name, mode)
+        found = member(doc, rate)
+        assert not isinstance(found, str), found
+        out.append((doc, *found))
+    return out
+
+
+def pod(name: str, *serving: str, ready: bool = True) -> dict[str, Any]:
+    labels = {**pool_selector_labels(POOL), **{loaded_label(m): LOADED for m in serving}}
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return {"metadata": {"name": name, "namespace": NS, "labels": labels}, "status": {"conditions": conditions}}
+
+
+# --------------------------------------------------------------------------------------------- the joint plan
+
+
+def test_low_rate_models_share_fewer_pods_than_models_and_each_is_on_exactly_the_pods_of_its_slots() -> None:
+    ms = [m for _, m, _ in members(("a", 5.0, "Shared"), ("b", 5.0, "Shared"), ("c", 5.0, "Auto"))]
+    plan = decide_pool_plan(SPEC, ms, ["p0", "p1", "p2"], PoolPlanMemory(), T0)
+    assert plan.placement is not None
+    assert not plan.notes
+    assert all(p.dedicated_gpus == 0 for p in plan.placement.models)
+    assert plan.slots == tuple(("gpu", g.gpu_id) for g in plan.placement.shared)
+    assert 1 <= plan.pods == len(plan.slots) < len(ms)
+    on = plan.memory.slots
+    for m in ms:
+        gpu = plan.placement.model(m.name).shared_gpu
+        assert plan.where[m.name] == frozenset([on[("gpu", gpu)]])
+    assert len(set(on.values())) == len(plan.slots)  # one slot per pod while there are pods enough
+
+
+def test_a_model_that_fills_gpus_keeps_them_on_the_pool_when_shared_and_leaves_when_auto() -> None:
+    ms = [m for _, m, _ in members(("a", 5.0, "Shared"), ("hot", 150.0, "Shared"), ("auto", 150.0, "Auto"))]
+    plan = decide_pool_plan(SPEC, ms, [f"p{i}" for i in range(6)], PoolPlanMemory(), T0)
+    assert plan.placement is not None
+    hot, auto = plan.placement.model("bm-hot"), plan.placement.model("bm-auto")
+    assert hot.dedicated_gpus >= 1
+    assert auto.dedicated_gpus >= 1
+    assert [s for s in plan.slots if s[0] == "own"] == [("own", "bm-hot", k) for k in range(hot.dedicated_gpus)]
+    assert plan.where["bm-auto"] == frozenset()  # graduates to replicas of its own
+    assert len(plan.where["bm-hot"]) >= hot.dedicated_gpus
+    assert plan.pods == min(SPEC.maxPods, len(plan.slots))
+
+
+def test_the_plan_holds_for_replan_s_and_an_unknown_rate_is_the_last_known_one() -> None:
+    ms = [m for _, m, _ in members(("a", 5.0, "Shared"), ("b", 6.0, "Shared"))]
+    first = decide_pool_plan(SPEC, ms, ["p0", "p1"], PoolPlanMemory(), T0)
+    busier = [m.__class__(**{**m.__dict__, "rate_rps": 40.0}) for m in ms]
+    held = decide_pool_plan(SPEC, busier, ["p0", "p1"], first.memory, T0 + REPLAN_S / 2)
+    assert held.placement is first.placement
+    assert held.memory.at == T0
+    unknown = [m.__class__(**{**m.__dict__, "rate_rps": r}) for m, r in zip(ms, (None, math.nan), strict=True)]
+    again = decide_pool_plan(SPEC, unknown, ["p0", "p1"], held.memory, T0 + REPLAN_S)
+    assert again.memory.at == T0 + REPLAN_S  # planned again ...
+    assert again.memory.rates == held.memory.rates == {"bm-a": 40.0, "bm-b": 40.0}  # ... on the last known rates
+    fresh = decide_pool_plan(SPEC, unknown, ["p0", "p1"], PoolPlanMemory(), T0)
+    assert fresh.memory.rates == {"bm-a": 0.0, "bm-b": 0.0}  # never known: 0, no reason to move
+
+
+def test_a_new_member_is_planned_at_once_and_a_model_without_profile_is_noted_and_served_on_the_first_pod() -> None:
+    (_, a, _), (_, b, _) = members(("a", 5.0, "Shared"), ("b", 5.0, "Shared"))
+    first = decide_pool_plan(SPEC, [a], ["p0", "p1"], PoolPlanMemory(), T0)
+    unprofiled = Member("bm-new", b.spec.model_copy(update={"profile": None}), PlacementMode.SHARED, solo=None)
+    second = decide_pool_plan(SPEC, [a, unprofiled], ["p0", "p1"], first.memory, T0 + 1)
+    assert second.memory.at == T0 + 1  # the members changed: no waiting for REPLAN_S
+    assert "no profile yet" in second.notes["bm-new"]
+    assert second.where["bm-new"] == frozenset([second.memory.slots[("gpu", 0)]])
+    assert "bm-new" not in {p.name for p in second.placement.models}  # type: ignore[union-attr]
+
+
+def test_no_member_means_min_pods_and_no_slot() -> None:
+    plan = decide_pool_plan(SPEC, [], ["p0"], PoolPlanMemory(), T0)
+    assert (plan.placement, plan.slots, plan.pods, dict(plan.where)) == (None, (), SPEC.minPods, {})
+
+
+def test_pod_slots_without_a_placement_is_one_slot_for_members_none_without() -> None:
+    ((_, a, _),) = members(("a", 1.0, "Shared"))
+    assert pod_slots(None, [a]) == (("gpu", 0),)
+    assert pod_slots(None, []) == ()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slots_stay_on_their_pods_and_a_lost_pod_moves_only_its_own_slot(seed: int) -> None:
+    slots = [("gpu", i) for i in range(4)]
+    pods = [f"p{(i + seed) % 4}" for i in range(4)]
+    first = assign_slots(slots, pods, {})
+    assert sorted(first.values()) == sorted(pods)
+    lost = first[("gpu", seed % 4)]
+    after = assign_slots(slots, [p for p in pods if p != lost] + ["p9"], first)
+    assert {s: p for s, p in after.items() if first[s] != p} == {("gpu", seed % 4): "p9"}
+
+
+def test_with_fewer_pods_than_slots_they_share_and_a_pod_added_takes_a_shared_slot() -> None:
+    slots = [("gpu", 0), ("gpu", 1), ("gpu", 2)]
+    two = assign_slots(slots, ["p0", "p1"], {})
+    assert set(two.values()) == {"p0", "p1"}
+    assert len(two) == 3
+    three = assign_slots(slots, ["p0", "p1", "p2"], two)
+    assert sorted(three.values()) == ["p0", "p1", "p2"]
+    assert sum(1 for s in slots if three[s] != two[s]) == 1  # only the overflowing slot moved
+    assert assign_slots(slots, [], two) == {}
+
+
+# ------------------------------------------------------------------------------------------------- statuses
+
+
+def test_served_shared_follows_spec_mode_and_for_auto_the_pool_loops_placement() -> None:
+    assert served_shared(model_doc("a", "Shared"))
+    assert not served_shared(model_doc("a", "Auto"))
+    assert served_shared(model_doc("a", "Auto", placement={"mode": "Shared", "pool": POOL}))
+    assert not served_shared(model_doc("a", "Auto", placement={"mode": "Shared", "pool": "another"}))
+    assert not served_shared(model_doc("a", "Dedicated", placement={"mode": "Shared", "pool": POOL}))
+
+
+def test_a_shared_models_status_counts_its_copies_as_ready_up_to_date_replicas() -> None:
+    ((doc, _, desired),) = members(("a", 5.0, "Shared"))
+    view = copies(2, desired.config_hash)
+    assert view["status"]["readyReplicas"] == view["spec"]["replicas"] == 2
+    assert view["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == desired.config_hash
+    placed = {"mode": "Shared", "pool": POOL, "podCount": 2}
+    status = shared_status(doc, desired, placed, now=T0)
+    assert status["placement"] == placed
+    assert (status["replicas"], status["readyReplicas"]) == (2, 2)
+    doc["status"] = status
+    assert shared_status(doc, desired, None, now=T0)["placement"] == placed  # None keeps the stored one
+
+
+def test_member_writes_set_placement_and_reapply_when_copies_first_appear_or_the_mode_changes() -> None:
+    ms = members(("a", 5.0, "Shared"), ("auto", 150.0, "Auto"))
+    plan = decide_pool_plan(SPEC, [m for _, m, _ in ms], ["p0", "p1"], PoolPlanMemory(), T0)
+    pods = [pod("p0", "bm-a"), pod("p1")]
+    a, auto = member_writes(ms, plan, pods, now=T0)
+    assert a.status["placement"]["mode"] == "Shared"
+    assert a.status["placement"]["podCount"] == 1
+    assert a.reapply  # copies appeared: its own replicas (if any) may go, its Service follows
+    assert auto.status["placement"]["mode"] == "Dedicated"
+    assert auto.reapply
+    assert "replicas" not in auto.status  # a dedicated model's counts are the handlers' (its Deployment)
+    for w, (doc, _, _) in zip((a, auto), ms, strict=True):
+        doc["status"] = {**doc["status"], **w.status}
+    again = member_writes(ms, plan, pods, now=T0 + 5)
+    assert [(w.status, w.reapply) for w in again] == [({}, False), ({}, False)]  # written only where changed
+
+
+def test_pool_status_counts_pods_models_and_a_finite_headroom() -> None:
+    ms = [m for _, m, _ in members(("a", 5.0, "Shared"), ("b", 5.0, "Shared"))]
+    plan = decide_pool_plan(SPEC, ms, ["p0"], PoolPlanMemory(), T0)
+    body = {"metadata": {"name": POOL, "namespace": NS, "generation": 3}, "status": {}}
+    status = pool_status(body, plan, [pod("p0", "bm-a"), pod("p1", ready=False)], len(ms))
+    assert {k: status[k] for k in ("observedGeneration", "pods", "readyPods", "desiredPods", "models")} == {
+        "observedGeneration": 3, "pods": 2, "readyPods": 1, "desiredPods": plan.pods, "models": 2
+    }  # fmt: skip
+    assert 0.0 <= status["planHeadroom"] < 1.0
+    body["status"] = status
+    assert pool_status(body, plan, [pod("p0", "bm-a"), pod("p1", ready=False)], len(ms)) == {}
+
+
+def test_labelled_is_ready_labelled_pods_not_terminating() -> None:
+    gone = pod("p2", "bm-a")
+    gone["metadata"]["deletionTimestamp"] = "2027-01-01T00:00:00Z"
+    assert labelled([pod("p0", "bm-a"), pod("p1", "bm-a", ready=False), gone, pod("p3", "bm-b")], "bm-a") == ["p0"]
+
+
+def test_member_refuses_a_spec_that_cannot_be_planned_with_the_reason() -> None:
+    doc = model_doc("a")
+    doc["spec"]["sla"]["latencyP99Ms"] = 1  # below the batch of one's latency
+    found = member(doc, 1.0)
+    assert isinstance(found, str)
+    assert "cannot be planned" in found
+
+
+# --------------------------------------------------------------------------------------------- the Deployment
+
+
+def _cached(replicas: int, digest: str) -> dict[str, Any]:
+    return {"spec": {"replicas": replicas, "template": {"metadata": {"annotations": {POOL_HASH_ANNOTATION: digest}}}}}
+
+
+def test_the_pool_deployment_is_applied_when_missing_then_only_when_replicas_or_the_spec_change() -> None:
+    new = pool_deployment(OWNER, SPEC, None, 2, [])
+    assert new is not None
+    assert new["spec"]["replicas"] == 2
+    digest = new["spec"]["template"]["metadata"]["annotations"][POOL_HASH_ANNOTATION]
+    assert pool_deployment(OWNER, SPEC, _cached(2, digest), 2, []) is None
+    assert pool_deployment(OWNER, SPEC, _cached(2, "other"), 2, []) is not None
+    grown = pool_deployment(OWNER, SPEC, _cached(2, digest), 3, [])
+    assert grown is not None
+    assert grown["spec"]["replicas"] == 3
+    cpu = pool_deployment(OWNER, SPEC, None, 1, [], cpu_image="triton:cpu")
+    assert cpu is not None
+    assert cpu["spec"]["template"]["metadata"]["annotations"][POOL_HASH_ANNOTATION] != digest
+    assert {c["image"] for c in cpu["spec"]["template"]["spec"]["containers"]} >= {"triton:cpu"}
+
+
+def test_the_pool_shrinks_only_to_the_pods_still_serving_a_model() -> None:
+    digest = pool_deployment(OWNER, SPEC, None, 1, [])["spec"]["template"]["metadata"]["annotations"][  # type: ignore[index]
+        POOL_HASH_ANNOTATION
+    ]
+    serving = [pod("p0", "bm-a"), pod("p1", "bm-b"), pod("p2")]
+    held = pool_deployment(OWNER, SPEC, _cached(3, digest), 1, serving)
+    assert held is not None
+    assert held["spec"]["replicas"] == 2
+    assert pool_deployment(OWNER, SPEC, _cached(2, digest), 1, serving[:2]) is None
+    drained = pool_deployment(OWNER, SPEC, _cached(2, digest), 1, [pod("p0", "bm-a"), pod("p1")])
+    assert drained is not None
+    assert drained["spec"]["replicas"] == 1
+    assert pool_deployment(OWNER, SPEC, _cached(3, digest), 9, [])["spec"]["replicas"] == SPEC.maxPods  # type: ignore[index]
