@@ -35,7 +35,7 @@ from batchfill.controller.desired import desired_state
 from batchfill.controller.pool_loop import PoolModelsLoop, Repository, every_pod, pool_members
 from batchfill.controller.pool_models import DRAIN_S, LOAD_RETRY_S, PoolModelsPlan
 from batchfill.controller.settings import OperatorSettings
-from batchfill.render.pool import LOADED, TritonRequest, loaded_label, pool_selector_labels
+from batchfill.render.pool import LOADED, POD_DELETION_COST, TritonRequest, loaded_label, pool_selector_labels
 
 from .test_controller_loops import MODEL, NS, SCALING_SPEC, T0, FakeKube, FakeView, merge_patch
 from .test_pool_api import POOL_DOC
@@ -230,7 +230,9 @@ def test_a_wanted_model_is_loaded_on_both_pods_then_labelled_only_once_ready(bed
     key = loaded_label("bm-a")
     config = bed.plans[0].loads[0].config_hash
     assert second == [("patch", "p0", ((key, LOADED),)), ("event", "bm-a", Why.MODEL_ROUTED)]
-    assert bed.kube.pods[(NS, "p0")]["metadata"]["annotations"] == {"prometheus.io/scrape": "true", key: config}
+    assert bed.kube.pods[(NS, "p0")]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", key: config, POD_DELETION_COST: "1"
+    }  # fmt: skip
     assert [h.reason for h in bed.plans[1].holds if h.pod == "p1"] == [Why.HOLD_IN_TRANSITION]
     assert not bed.kube.labelled("p1", "bm-a")
 

@@ -32,7 +32,7 @@ from batchfill.controller.pool_models import (
     wanted_model,
 )
 from batchfill.render.kube import PRESTOP_DELAY_S
-from batchfill.render.pool import LOADED, TritonRequest, load_request, loaded_label
+from batchfill.render.pool import LOADED, POD_DELETION_COST, TritonRequest, load_request, loaded_label
 
 from .test_pool_api import POOL_DOC
 from .test_render_kube import spec_with
@@ -227,9 +227,14 @@ def test_the_patch_sets_label_and_annotation_together() -> None:
     assert plan.patches[0].body == {
         "metadata": {
             "labels": {loaded_label("gone"): None, KEY: LOADED},
-            "annotations": {loaded_label("gone"): None, KEY: "h1"},
+            "annotations": {loaded_label("gone"): None, KEY: "h1", POD_DELETION_COST: "1"},
         }
-    }
+    }  # one model left on the pod: its ReplicaSet deletes pods serving none first
+
+
+def test_a_pod_left_serving_no_model_loses_its_deletion_cost() -> None:
+    plan = decide_pool_models([pod("p1", {}, extra_labels={loaded_label("gone"): LOADED})], [], PoolModelsMemory(), NOW)
+    assert plan.patches[0].body["metadata"]["annotations"] == {loaded_label("gone"): None, POD_DELETION_COST: None}
 
 
 def test_the_drain_time_is_the_prestop_delay_and_a_margin() -> None:

@@ -40,7 +40,14 @@ from batchfill.api.spec import BatchedModelSpec
 from batchfill.api.status import PlanStatus
 from batchfill.render.kube import HTTP_PORT, PRESTOP_DELAY_S
 from batchfill.render.model_config import InstanceKind, config_hash
-from batchfill.render.pool import LOADED, LOADED_LABEL_PREFIX, TritonRequest, load_request, loaded_label
+from batchfill.render.pool import (
+    LOADED,
+    LOADED_LABEL_PREFIX,
+    POD_DELETION_COST,
+    TritonRequest,
+    load_request,
+    loaded_label,
+)
 
 #: Seconds a model stays loaded on a pod after its label was seen off, before the unload. The label's removal takes
 #: the pod out of the model's EndpointSlice, but kube-proxy, load balancers and client-side balancers see that only
@@ -183,12 +190,21 @@ class PodPatch:
 
     pod: str
     routes: tuple[Route, ...]
+    serving: int | None = None  # models the pod is labelled for after the patch: its pod-deletion-cost
 
     @property
     def body(self) -> dict[str, Any]:
-        """``{"metadata": {"labels": ..., "annotations": ...}}``: None deletes a key (JSON merge patch)."""
+        """``{"metadata": {"labels": ..., "annotations": ...}}``: None deletes a key (JSON merge patch).
+
+        With ``serving``, the annotation ``controller.kubernetes.io/pod-deletion-cost`` says it: when the pool's
+        Deployment shrinks, its ReplicaSet deletes the pods of lowest cost first
+        (https://kubernetes.io/docs/concepts/workloads/controllers/replicaset/#pod-deletion-cost), so a pod that
+        serves no model goes before one that does; 0 removes it (the default cost).
+        """
         labels = {r.key: LOADED if r.config_hash else None for r in self.routes}
-        annotations = {r.key: r.config_hash for r in self.routes}
+        annotations: dict[str, str | None] = {r.key: r.config_hash for r in self.routes}
+        if self.serving is not None:
+            annotations[POD_DELETION_COST] = str(self.serving) if self.serving else None
         return {"metadata": {"labels": labels, "annotations": annotations}}
 
 
@@ -374,8 +390,16 @@ def decide_pool_models(
         draining=_kept(memory.draining, unknown, t.draining),
         unload_failed={k: v for k, v in memory.unload_failed.items() if k in t.draining or k[0] in unknown},
     )
-    patches = tuple(PodPatch(p, tuple(r)) for p, r in sorted(t.routes.items()))
+    labels = {p.name: {k for k in p.labels if k.startswith(LOADED_LABEL_PREFIX)} for p in pods}
+    patches = tuple(PodPatch(p, tuple(r), _serving_after(labels.get(p, set()), r)) for p, r in sorted(t.routes.items()))
     return PoolModelsPlan(tuple(t.loads), patches, tuple(t.unloads), tuple(t.holds), kept)
+
+
+def _serving_after(labelled: set[str], routes: Sequence[Route]) -> int:
+    """How many models a pod is labelled for once ``routes`` are patched onto its ``labelled`` label keys."""
+    on = {r.key for r in routes if r.config_hash}
+    off = {r.key for r in routes if not r.config_hash}
+    return len((labelled | on) - off)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@ GPUPool's status (:class:`batchfill.controller.pool_loop.PoolModelsLoop` gathers
 
 * The Deployment is applied when the cache has none, its replicas differ from what the tick wants, or its pod
   template was rendered from another pool spec (the template's :data:`POOL_HASH_ANNOTATION`). The pool shrinks
-  only to the number of pods that still serve some model: a pod is removed by the ReplicaSet, which does not know
-  which pods hold copies, so the models leave a pod (unlabel, drain, unload) before the pool gives it up.
+  only to the number of pods that still serve some model, so the models leave a pod (unlabel, drain, unload) before
+  the pool gives it up; the ReplicaSet picks the pod to delete by the pods' deletion cost, which the label patches
+  keep at the number of models each pod serves (:class:`batchfill.controller.pool_models.PodPatch`).
 * Each member's status is :func:`batchfill.controller.shared_status.shared_status` with ``status.placement`` from
   :func:`batchfill.policy.placement_status.placement_status`, written only where it changed; a member whose
   copies appear (a Dedicated -> Shared move: its own replicas may scale to 0) or whose placement mode changes is

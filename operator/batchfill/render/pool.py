@@ -51,6 +51,8 @@ POOL_CHILDREN_SELECTOR = f"app.kubernetes.io/name=triton,{POOL_LABEL}"
 #: Prefix of the per-model label a pool pod carries while that model is loaded and ready on it.
 LOADED_LABEL_PREFIX = f"models.{GROUP}/"
 LOADED = "loaded"
+#: The ReplicaSet's deletion-cost annotation: a pool pod's number of models served (controller/pool_models.py).
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: Longest name part of a label key (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/).
 LABEL_NAME_MAX = 63
 _HASH_CHARS = 10
