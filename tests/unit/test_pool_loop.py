@@ -35,6 +35,7 @@ from batchfill.controller.desired import desired_state
 from batchfill.controller.pool_loop import PoolModelsLoop, Repository, every_pod, pool_members
 from batchfill.controller.pool_models import DRAIN_S, LOAD_RETRY_S, PoolModelsPlan
 from batchfill.controller.settings import OperatorSettings
+from batchfill.policy.cost import ExecutionCounters
 from batchfill.render.pool import LOADED, POD_DELETION_COST, TritonRequest, loaded_label, pool_selector_labels
 
 from .test_controller_loops import MODEL, NS, SCALING_SPEC, T0, FakeKube, FakeView, merge_patch
@@ -138,6 +139,7 @@ class FakeTriton:
     state: dict[str, dict[str, ModelState]] = field(default_factory=dict)
     slow: set[str] = field(default_factory=set)  # pods whose loads do not finish within the call's timeout
     unreadable: dict[str, str] = field(default_factory=dict)  # pod -> "error" (an answer) or "raise" (a bug)
+    executed_us: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod, model) -> cumulative µs
 
     def index(self, address: str, pod: str) -> Mapping[str, IndexEntry] | TritonCallError:
         self.calls.append(("index", pod))
@@ -155,6 +157,12 @@ class FakeTriton:
             return TritonCallError(pod, model, "load", None, "timeout: timed out")
         self.state.setdefault(pod, {})[model] = ModelState.READY
         return None
+
+    def counters(self, address: str, pod: str) -> Mapping[str, ExecutionCounters] | TritonCallError:
+        """Triton's statistics of the loaded models: ``executed_us`` of each (cumulative compute infer time)."""
+        self.calls.append(("counters", pod))
+        loaded = [m for m, s in self.state.get(pod, {}).items() if s == ModelState.READY]
+        return {m: ExecutionCounters(0.0, self.executed_us.get((pod, m), 0.0), 0.0) for m in sorted(loaded)}
 
     def unload(self, address: str, pod: str, model: str) -> TritonCallError | None:
         self.calls.append(("unload", pod, model))
@@ -212,7 +220,7 @@ def bed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Bed]:
         return plans[-1]
 
     monkeypatch.setattr(pool_loop, "decide_pool_models", recorded)
-    repo = Repository(index=triton.index, load=triton.load, unload=triton.unload)
+    repo = Repository(index=triton.index, load=triton.load, unload=triton.unload, counters=triton.counters)
     # every_pod: these tests are of the loads and labels; the joint plan's own choice of pods is tested below
     loop = PoolModelsLoop(kube, FakeView(kube), OperatorSettings(), repository=repo, assign=every_pod)  # type: ignore[arg-type]
     yield Bed(kube, triton, loop, plans)
@@ -359,7 +367,7 @@ def test_the_loops_writes_are_exactly_the_decisions_writes(bed: Bed) -> None:
         assert made == wanted
         others = {c[0] for c in calls[a:b]} - {"load", "unload", "patch_pod_metadata", "post_event"}
         reads = {"list_gpu_pools", "list_batched_models", "cache.check", "cache.list_pods", "cache.get", "index",
-                 "get_batched_model", "get", "has_kind"}  # fmt: skip
+                 "get_batched_model", "get", "has_kind", "counters"}  # fmt: skip
         assert others <= reads | {"apply", "patch_status", "patch_pool_status", "scale_deployment"}
         assert {c[1] for c in calls[a:b] if c[0] == "apply"} <= {"Deployment", "Service", "ConfigMap"}
     made = [c for c in calls if c[0] in ("load", "unload")]
@@ -442,3 +450,25 @@ def test_only_max_pods_plus_one_ready_pods_are_read(bed: Bed) -> None:
     assert read == ["p0", "p1", "p2", "p3", "p4"]  # POOL_DOC's maxPods 4, and a surge pod
     assert {c[1] for c in bed.kube.calls if c[0] == "load"} == set(read)
     assert [h.reason for h in bed.plans[0].holds if h.pod in ("p5", "p6")] == [Why.HOLD_POD_UNKNOWN] * 2
+
+
+def test_each_pods_gpu_time_is_split_among_its_models_by_execution_time_and_exported(bed: Bed) -> None:
+    from batchfill.adapters.operator_metrics import REGISTRY, forget
+
+    bed.kube.add_shared_model("bm-b", "b")
+    bed.tick(), bed.tick()  # both loaded and labelled on p0 and p1; the pods' counters read once
+    hours = {m: REGISTRY.get_sample_value("batchfill_model_gpu_hours_total", {"namespace": NS, "name": m}) or 0.0
+             for m in ("bm-a", "bm-b")}  # fmt: skip
+    for p in ("p0", "p1"):
+        bed.triton.executed_us[(p, "a")] = bed.triton.executed_us.get((p, "a"), 0.0) + 3000.0
+        bed.triton.executed_us[(p, "b")] = bed.triton.executed_us.get((p, "b"), 0.0) + 1000.0
+    bed.tick()
+    gained = {m: (REGISTRY.get_sample_value("batchfill_model_gpu_hours_total", {"namespace": NS, "name": m}) or 0.0)
+              - hours[m] for m in ("bm-a", "bm-b")}  # fmt: skip
+    held_h = 2 * GPUPoolSpec.model_validate(POOL_DOC["spec"]).gpusPerPod * TICK_S / 3600.0  # two pods, one tick
+    assert gained["bm-a"] == pytest.approx(0.75 * held_h)
+    assert gained["bm-b"] == pytest.approx(0.25 * held_h)
+    share = REGISTRY.get_sample_value("batchfill_model_gpu_share", {"namespace": NS, "name": "bm-a"})
+    assert share == pytest.approx(0.75)
+    for m in ("bm-a", "bm-b"):
+        forget(NS, m)

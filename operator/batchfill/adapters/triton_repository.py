@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from batchfill.adapters.profiler import SERVER_TEXT_LIMIT, one_line
+from batchfill.policy.cost import ExecutionCounters
 from batchfill.render.pool import TritonRequest
 
 #: Seconds to open a connection to a pod (a pod IP on the cluster network answers in milliseconds or not at all).
@@ -165,3 +166,38 @@ def repository_index(
 def model_ready(address: str, pod: str, model: str, *, timeout_s: float = READ_TIMEOUT_S) -> bool | TritonCallError:
     """``GET v2/models/<m>/ready`` (:func:`batchfill.render.pool.ready_path`): True on 200, False on another answer."""
     return _call(address, pod, model, "ready", timeout_s, lambda c: bool(c.is_model_ready(model)))
+
+
+def parse_execution_counters(pod: str, answer: Any) -> dict[str, ExecutionCounters] | TritonCallError:
+    """``{Triton model name: its cumulative compute input/infer/output time, µs}`` of a ``GET v2/models/stats``
+    answer (Triton's statistics extension, every model: ``model_stats[].inference_stats.compute_*.ns``), each
+    model's versions summed. An answer of another shape is an error: counters that cannot be read are unknown.
+    """
+    stats = answer.get("model_stats") if isinstance(answer, Mapping) else None
+    if not isinstance(stats, list):
+        return TritonCallError(pod, "", "stats", 200, "no model_stats list in the answer")
+    out: dict[str, list[float]] = {}
+    for entry in stats:
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or not name:
+            return TritonCallError(pod, "", "stats", 200, one_line(f"an entry without a name: {entry!r}", 200))
+        inference = entry.get("inference_stats") or {}
+        try:
+            parts = [float((inference.get(k) or {}).get("ns", 0)) / 1000.0 for k in _COMPUTE]
+        except (TypeError, ValueError, AttributeError):
+            return TritonCallError(pod, name, "stats", 200, one_line(f"unreadable durations: {inference!r}", 200))
+        total = out.setdefault(name, [0.0, 0.0, 0.0])
+        for i, p in enumerate(parts):
+            total[i] += p
+    return {m: ExecutionCounters(*parts) for m, parts in sorted(out.items())}
+
+
+_COMPUTE = ("compute_input", "compute_infer", "compute_output")
+
+
+def execution_counters(
+    address: str, pod: str, *, timeout_s: float = READ_TIMEOUT_S
+) -> dict[str, ExecutionCounters] | TritonCallError:
+    """Every model's execution counters on the pod (:func:`parse_execution_counters`), for the cost split."""
+    answer = _call(address, pod, "", "stats", timeout_s, lambda c: c.get_inference_statistics())
+    return answer if isinstance(answer, TritonCallError) else parse_execution_counters(pod, answer)

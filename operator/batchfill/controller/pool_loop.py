@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from batchfill.adapters import triton_repository
+from batchfill.adapters import operator_metrics, triton_repository
 from batchfill.adapters.informer import CachedView
 from batchfill.adapters.kube import Kube, KubeNotFoundError, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.metrics import SignalTarget
@@ -42,6 +42,7 @@ from batchfill.api.spec import BatchedModelSpec, PlacementMode
 from batchfill.api.status import PlanStatus
 from batchfill.controller.desired import Desired
 from batchfill.controller.loops import PeriodicLoop, watched
+from batchfill.controller.pool_cost import CostMemory, decide_cost
 from batchfill.controller.pool_models import (
     Load,
     Outcome,
@@ -61,6 +62,7 @@ from batchfill.controller.pool_plan import Member, PoolPlan, PoolPlanMemory, dec
 from batchfill.controller.pool_sync import labelled, member, member_writes, pool_deployment, pool_status
 from batchfill.controller.reconcile import SERVICE_MONITOR, apply_service_monitor, log_event, reapply
 from batchfill.controller.settings import OperatorSettings
+from batchfill.policy.cost import ExecutionCounters
 from batchfill.render.model_config import InstanceKind
 from batchfill.render.pool import (
     PoolOwner,
@@ -92,6 +94,9 @@ class Repository:
     index: Callable[[str, str], Mapping[str, IndexEntry] | TritonCallError] = triton_repository.repository_index
     load: Callable[[str, str, TritonRequest], TritonCallError | None] = triton_repository.load
     unload: Callable[[str, str, str], TritonCallError | None] = triton_repository.unload
+    counters: Callable[[str, str], Mapping[str, ExecutionCounters] | TritonCallError] | None = (
+        triton_repository.execution_counters
+    )  # None: no cost split (the tests of loads and labels)
 
 
 def every_pod(models: Sequence[str], pods: Sequence[str]) -> dict[str, frozenset[str]]:
@@ -215,6 +220,7 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         self.hub = hub
         self.plans: dict[str, PoolPlanMemory] = {}  # pool uid -> its joint plan's memory
         self.serviced: set[str] = set()  # pool uids whose metrics Service this run has applied
+        self.costs: dict[str, CostMemory] = {}  # pool uid -> its pods' last execution counters
         self.no_crd = False  # the GPUPool CRD was found missing (said once)
         self.kind: InstanceKind | None = "KIND_CPU" if settings.triton_cpu_image else None
         self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="batchfill-pool")
@@ -254,6 +260,8 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         for uid in set(self.plans) - seen:
             del self.plans[uid]
         self.serviced &= seen
+        for uid in set(self.costs) - seen:
+            del self.costs[uid]
 
     def _pool(self, body: dict[str, Any], models: Sequence[Mapping[str, Any]], now: float) -> None:
         meta = body["metadata"]
@@ -282,6 +290,34 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         for e in events:
             self._post(by_name.get(e.name, body), e)
         self._sync(body, spec, raw, members, pool_plan, now)
+        self._charge(body, spec, pods, members, now)
+
+    def _charge(
+        self,
+        body: Mapping[str, Any],
+        spec: GPUPoolSpec,
+        pods: Sequence[PoolPod],
+        members: Sequence[tuple[Mapping[str, Any], Member, Desired]],
+        now: float,
+    ) -> None:
+        """The pods' GPU time since the last tick, split among their models and exported (controller/pool_cost.py):
+        each read pod's execution counters, read in parallel within the index deadline."""
+        read = self.repository.counters
+        if read is None:
+            return
+        meta = body["metadata"]
+        known = [p for p in pods if p.known]
+        calls = [lambda p=p: read(p.address, p.name) for p in known]
+        late = f"no answer within {INDEX_DEADLINE_S:.0f} s"
+        answers = _bounded(
+            self.pool, calls, INDEX_DEADLINE_S, lambda i: TritonCallError(known[i].name, "", "stats", None, late)
+        )
+        reads = {p.name: None if isinstance(a, TritonCallError) else a for p, a in zip(known, answers, strict=True)}
+        names = {m.spec.model.name: m.name for _, m, _ in members}
+        splits, self.costs[meta["uid"]] = decide_cost(
+            reads, names, float(spec.gpusPerPod), self.costs.get(meta["uid"], CostMemory()), now
+        )
+        operator_metrics.observe_cost(meta["namespace"], meta["name"], splits)
 
     def _members(
         self, pool: str, namespace: str, models: Sequence[Mapping[str, Any]], raw: Sequence[Mapping[str, Any]]
