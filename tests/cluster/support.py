@@ -402,3 +402,95 @@ def require_real_node_tools() -> None:
     missing = [t for t in ("containerd", "runc", "ctr", "umoci", "skopeo", "ip") if shutil.which(t) is None]
     if missing:
         skip_or_fail(f"real nodes need {missing} (the Makefile's DEB_PACKAGES)")
+
+
+def write_sleep_model(repository: Path, name: str, alpha_ms: float, beta_ms: float) -> Path:
+    """The Python-backend sleep model as ``<repository>/<name>`` sleeping ``alpha_ms + beta_ms * b`` per batch of
+    ``b``: the two knobs' defaults are set in its model.py, since a config the operator renders carries no model
+    parameters. Its config.pbtxt is a placeholder (the operator's config replaces it). Returns the model.py."""
+    from batchfill.testbed.model_repo import write_model
+
+    model_py = write_model(repository, name, "# replaced by the operator's config\n", "sleep_model") / "1" / "model.py"
+    source = model_py.read_text()
+    for knob, value in (("alpha_ms", alpha_ms), ("beta_ms", beta_ms)):
+        assert f'param("{knob}", 0.0)' in source, f"the sleep model no longer reads {knob} with default 0.0"
+        source = source.replace(f'param("{knob}", 0.0)', f'param("{knob}", {value})')
+    model_py.write_text(source)
+    return model_py
+
+
+@dataclass
+class RealNodeLab:
+    """What :func:`real_node_lab` yields: the cluster's ``Kube``, the real node's name, the operator, Prometheus."""
+
+    kube: Kube
+    node: str
+    operator: Operator
+    prometheus: Any
+    work: Path
+
+
+@contextmanager
+def real_node_lab(
+    ns: str,
+    gpus: int,
+    write_files: Callable[[Path], None],
+    monitors: list[dict[str, Any]],
+    operator_env: dict[str, str],
+    prefix: str = "bf-rn-",
+) -> Iterator[RealNodeLab]:
+    """A cluster of its own with one real node (kubelet + containerd) advertising ``gpus`` fake ``nvidia.com/gpu``,
+    the Triton CPU image imported on it, the operator's install (RBAC, CRDs), a hostPath model volume in ``ns``
+    holding what ``write_files`` writes, a real Prometheus discovering ``monitors``, and the operator running as its
+    ServiceAccount with ``operator_env`` + ``BATCHFILL_PROMETHEUS_URL`` + ``BATCHFILL_TRITON_CPU_IMAGE``. On exit:
+    the operator stopped, no RBAC denial in its log, the cluster down."""
+    from rich.console import Console
+
+    from batchfill.testbed.gpu_plugin import ensure_fake_gpu_plugin
+    from batchfill.testbed.images import ensure_triton_image
+    from batchfill.testbed.install import install_operator_rbac, model_volume, server_side_apply
+    from batchfill.testbed.node import import_image, real_nodes
+    from batchfill.testbed.prometheus_k8s import KubernetesPrometheus
+
+    require_real_node_tools()
+    console = Console(stderr=True, quiet=True)
+    devcluster.ensure_binaries(console, kubelet=True)
+    image = ensure_triton_image(console)
+    ensure_fake_gpu_plugin(console)
+    # short: the node's unix sockets live under it (at most 104 bytes); world-readable: Triton's uid reads the
+    # model files from the hostPath volume
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    work.chmod(0o755)
+    files = work / "volume"
+    files.mkdir()
+    write_files(files)
+    cluster = work / "cluster"
+    try:
+        info = devcluster.cluster_up(
+            cluster, 0, 0, real_nodes=1, real_node_gpus=gpus, die_with_parent=True, quiet=True, build=False
+        )
+        node = real_nodes(cluster)[0]
+        import_image(node, image.path)
+        kube = Kube(kubeconfig=info.kubeconfig, existing=False, info=info)
+        install_operator_rbac(info.kubeconfig, work)
+        server_side_apply(info.kubeconfig, model_volume(ns, "models", files), work / "volume.yaml")
+        prometheus = KubernetesPrometheus(
+            monitors, info.kubeconfig, scrape_interval_s=2, work_dir=work / "prom", startup_timeout_s=60
+        )
+        prometheus.start()
+        env = {**operator_env, "BATCHFILL_PROMETHEUS_URL": prometheus.url}
+        env["BATCHFILL_TRITON_CPU_IMAGE"] = image.reference
+        operator = Operator(kube, work, env=env)
+        operator.start()
+        try:
+            yield RealNodeLab(kube, node.name, operator, prometheus, work)
+        finally:
+            operator.stop()
+            prometheus.stop()
+            kube.close()
+            denied = rbac_denials(operator.logs())
+            assert not denied, denied[:5]
+    finally:
+        devcluster.cluster_down(cluster, quiet=True)

@@ -1,0 +1,451 @@
+"""Six BatchedModels sharing one GPUPool's Triton pods, run by a real kubelet and containerd, end to end.
+
+One real node (kubelet + containerd in a network namespace of the test bed's own, :mod:`batchfill.testbed.node`)
+whose kubelet advertises ``NODE_GPUS`` ``nvidia.com/gpu`` from the fake-GPU device plugin. **Only the GPU is
+emulated**: no container sees a GPU, Triton runs on CPU (``BATCHFILL_TRITON_CPU_IMAGE``: the pool pods run that
+image and the operator loads ``KIND_CPU`` instance groups). Everything else is real: the API server, scheduler,
+controller-manager, kubelet, containerd, the pool's Deployment and pods, Triton's repository API (explicit model
+control), the per-model Services and their EndpointSlices, Prometheus scraping the pool's metrics Service, and the
+operator (``batchfill run`` as its ServiceAccount, whose pool loop plans, scales, loads, labels and unloads).
+
+The models are the Python-backend sleep model written under six Triton names, each sleeping its own
+``ALPHA + BETA * b`` per batch (defaults set in each model.py: the config the operator loads carries no model
+parameters), on a hostPath PersistentVolume that the pool's pods mount as their model repository. Each model
+declares a profile matching its sleep and its own SLA.
+
+The one module-scoped ``pool`` fixture goes through the pool's life, and the tests run in order on it: the six
+models placed on fewer pods than models, served under Poisson load within their SLAs with no failed request, one
+model deleted (unloaded from every pod after the drain, the others serving meanwhile), then all deleted (the pool
+back to ``minPods`` = 0 pods). Every request's outcome is counted and the figures are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from batchfill.api.pool import POOL_PLURAL
+from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from batchfill.controller.pool_models import DRAIN_S
+from batchfill.render.kube import HTTP_PORT, Owner, names
+from batchfill.render.pool import LOADED, POOL_LABEL, PoolOwner, build_pool_service_monitor, loaded_label
+from batchfill.testbed.balancer import BalancedLoad, ServiceEndpoints
+from batchfill.testbed.install import CLAIM
+from batchfill.testbed.loadgen import grpc_fp32_input
+
+from .support import RealNodeLab, real_node_lab, wait_for, write_sleep_model
+
+pytestmark = pytest.mark.cluster
+#: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.
+NEEDS_KUBELET = True
+
+NODE_GPUS = 3
+NS = "shared-pool"
+POOL = "small"
+MIN_PODS, MAX_PODS = 0, 2
+INTERVAL_S = 3
+OPERATOR_ENV = {
+    "BATCHFILL_RECONCILE_INTERVAL_SECONDS": str(INTERVAL_S),
+    "BATCHFILL_SIGNAL_WINDOW_SECONDS": "10",
+    "BATCHFILL_PROMETHEUS_TIMEOUT_SECONDS": "2",
+    "BATCHFILL_PROFILE_INTERVAL_SECONDS": "3",
+    "BATCHFILL_NAMESPACES": NS,
+}
+NETWORK_OVERHEAD_MS = 20
+#: Pods take: the sandbox, tritonserver's start; then each model's load through the repository API.
+READY_S = 300.0
+#: Poisson rate per model (requests/s) and how long the main load runs.
+RATE_RPS, LOAD_S = 3.0, 75.0
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """A BatchedModel, the Triton model name it serves, the sleep ``alpha_ms + beta_ms * b`` and its SLA p99."""
+
+    name: str
+    triton: str
+    alpha_ms: float
+    beta_ms: float
+    p99_ms: int
+
+    def profile(self) -> list[dict[str, float]]:
+        """What the profile declares: a little above the sleep (Python-backend overhead)."""
+        return [
+            {"batchSize": b, "latencyMs": round(self.alpha_ms + 1 + (self.beta_ms + 0.2) * b, 1)} for b in (1, 2, 4, 8)
+        ]
+
+
+MODELS = (
+    Sleep("sp-fast", "sleep-fast", 10, 2, 100),
+    Sleep("sp-quick", "sleep-quick", 20, 3, 150),
+    Sleep("sp-batchy", "sleep-batchy", 15, 10, 180),
+    Sleep("sp-mid", "sleep-mid", 30, 4, 200),
+    Sleep("sp-std", "sleep-std", 40, 6, 250),
+    Sleep("sp-slow", "sleep-slow", 60, 5, 350),
+)
+#: The model deleted first.
+GONE = MODELS[2]
+
+
+def model_doc(m: Sleep) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": m.name, "namespace": NS},
+        "spec": {
+            "model": {
+                "name": m.triton,
+                "backend": "python",
+                "repository": {"pvc": {"claimName": CLAIM}},
+                "inputs": [{"name": "INPUT0", "dataType": "TYPE_FP32", "dims": [4]}],
+                "outputs": [{"name": "OUTPUT0", "dataType": "TYPE_FP32", "dims": [4]}],
+            },
+            "sla": {"latencyP99Ms": m.p99_ms, "networkOverheadMs": NETWORK_OVERHEAD_MS},
+            "profile": m.profile(),
+            "profiling": {"minExecutions": 1_000_000},
+            "placement": {"mode": "Shared", "pool": POOL},
+        },
+    }
+
+
+def pool_doc() -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUPool",
+        "metadata": {"name": POOL, "namespace": NS},
+        "spec": {
+            "gpuResource": "nvidia.com/gpu",
+            "gpusPerPod": 1,
+            "gpuMemoryMiB": 16384,
+            "repository": {"pvc": {"claimName": CLAIM}},
+            # the CPU image replaces it (BATCHFILL_TRITON_CPU_IMAGE)
+            "triton": {"image": "nvcr.io/nvidia/tritonserver:24.10-py3"},
+            "minPods": MIN_PODS,
+            "maxPods": MAX_PODS,
+            "maxModelsPerPod": 16,
+        },
+    }
+
+
+@dataclass
+class Pool:
+    lab: RealNodeLab
+
+    @property
+    def custom(self) -> Any:
+        return client.CustomObjectsApi(self.lab.kube.api)
+
+    def bm(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+        return obj
+
+    def gpupool(self) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, POOL)
+        return obj
+
+    def delete(self, m: Sleep) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, m.name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def pods(self) -> list[Any]:
+        """The pool's pods that are not terminating."""
+        listed = self.lab.kube.core.list_namespaced_pod(NS, label_selector=f"{POOL_LABEL}={POOL}").items
+        return [p for p in listed if p.metadata.deletion_timestamp is None]
+
+    def all_pods(self) -> list[Any]:
+        return list(self.lab.kube.core.list_namespaced_pod(NS, label_selector=f"{POOL_LABEL}={POOL}").items)
+
+    def ready_endpoints(self, m: Sleep) -> list[str]:
+        """Ready addresses of the model's Service (its EndpointSlices)."""
+        discovery = client.DiscoveryV1Api(self.lab.kube.api)
+        service = names(Owner(m.name, NS, ""))["service"]
+        slices = discovery.list_namespaced_endpoint_slice(NS, label_selector=f"kubernetes.io/service-name={service}")
+        return sorted(
+            a
+            for s in slices.items
+            for e in s.endpoints or []
+            if e.conditions is None or e.conditions.ready is not False
+            for a in e.addresses
+        )
+
+    def prometheus_query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"{self.lab.prometheus.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            result: list[dict[str, Any]] = json.loads(r.read())["data"]["result"]
+            return result
+
+
+def repository_index(pod_ip: str) -> dict[str, str]:
+    """``{model: state}`` of ``POST /v2/repository/index`` on the pod's Triton (a versionless model's row wins)."""
+    req = urllib.request.Request(f"http://{pod_ip}:{HTTP_PORT}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        rows = json.loads(r.read())
+    states: dict[str, str] = {}
+    for row in rows:
+        state = row.get("state") or "UNAVAILABLE"
+        if states.get(row["name"]) != "READY":
+            states[row["name"]] = state
+    return states
+
+
+def write_models(files: Path) -> None:
+    for m in MODELS:
+        write_sleep_model(files, m.triton, m.alpha_ms, m.beta_ms)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    """The cluster with one real node, Prometheus scraping the pool's metrics Service, the operator, the GPUPool."""
+    monitor = build_pool_service_monitor(PoolOwner(POOL, NS, ""), interval_s=2)
+    with real_node_lab(NS, NODE_GPUS, write_models, [monitor], OPERATOR_ENV, prefix="bf-sp-") as lab:
+        lab.kube.kubectl("wait", "--for=condition=Established", f"crd/{POOL_PLURAL}.{GROUP}", "--timeout=60s")
+        p = Pool(lab)
+        p.custom.create_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, pool_doc())
+        yield p
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _placed(pool: Pool) -> dict[str, dict[str, Any]] | None:
+    """Every model's status.placement once each is on >= 1 pod and its Service has a ready endpoint, else None."""
+    out = {}
+    for m in MODELS:
+        placement = (pool.bm(m.name).get("status") or {}).get("placement") or {}
+        if int(placement.get("podCount") or 0) < 1 or not pool.ready_endpoints(m):
+            return None
+        out[m.name] = placement
+    return out
+
+
+def _loads(pool: Pool, models: tuple[Sleep, ...], seed: int) -> list[tuple[Sleep, ServiceEndpoints, BalancedLoad]]:
+    out = []
+    for i, m in enumerate(models):
+        service = names(Owner(m.name, NS, ""))["service"]
+        endpoints = ServiceEndpoints(pool.lab.kube.api, NS, service, "grpc", poll_s=0.25)
+        load = BalancedLoad(m.triton, grpc_fp32_input("INPUT0", [4], seed=seed + i), endpoints.endpoints, seed=seed + i)
+        out.append((m, endpoints, load))
+    return out
+
+
+def _figures(load: BalancedLoad) -> tuple[int, int, float]:
+    """(sent, failed, client p99 ms of the answered)."""
+    samples = list(load.samples)
+    answered = [s.latency_ms for s in samples if s.latency_ms is not None]
+    p99 = float(np.percentile(answered, 99)) if answered else float("nan")
+    return len(samples), len(samples) - len(answered), p99
+
+
+def _models_on(pod: Any) -> list[str]:
+    return sorted(k for k, v in (pod.metadata.labels or {}).items() if k.startswith("models.") and v == LOADED)
+
+
+def _all_serving(pool: Pool) -> dict[str, list[str]] | None:
+    """{pod: the model labels it carries} when every Ready pool pod carries one, else None."""
+    ready = {p.metadata.name: _models_on(p) for p in pool.pods() if _ready(p)}
+    return ready if ready and all(ready.values()) else None
+
+
+@dataclass
+class PoolWatch:
+    """Samples the pool every second in a thread: its (pods, ready, desired) changes and the longest time a Ready
+    pod carried no model label."""
+
+    pool: Pool
+    changes: list[tuple[int, int, int, int | None]] = field(default_factory=list)
+    longest_idle_s: float = 0.0
+    _idle_since: dict[str, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(1.0):
+            try:
+                pods = self.pool.pods()
+                desired = (self.pool.gpupool().get("status") or {}).get("desiredPods")
+            except Exception:  # an API hiccup: the next sample
+                continue
+            now = time.monotonic()
+            ready = [p for p in pods if _ready(p)]
+            row = (len(pods), len(ready), desired)
+            if not self.changes or self.changes[-1][1:] != row:
+                self.changes.append((round(now - t0), *row))
+            idle = {p.metadata.name for p in ready if not _models_on(p)}
+            self._idle_since = {n: self._idle_since.get(n, now) for n in idle}
+            for since in self._idle_since.values():
+                self.longest_idle_s = max(self.longest_idle_s, now - since)
+
+    def __enter__(self) -> PoolWatch:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def _server_p99(pool: Pool) -> dict[str, float]:
+    """Triton's own p99 request latency per model (ms), from the summary Prometheus scraped; {} if unanswered."""
+    promql = f'max by (model) (nv_inference_request_summary_us{{quantile="0.99", namespace="{NS}"}})'
+    try:
+        rows = pool.prometheus_query(promql)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"Prometheus query failed: {e}")
+        return {}
+    return {r["metric"]["model"]: float(r["value"][1]) / 1000 for r in rows if r["value"][1] not in ("NaN", "+Inf")}
+
+
+def _counts(status: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(status.get(k) for k in ("models", "readyPods", "pods", "desiredPods"))
+
+
+def test_six_models_share_fewer_pods(pool: Pool) -> None:
+    t0 = time.monotonic()
+    for m in MODELS:
+        pool.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, model_doc(m))
+    placed = wait_for("every model placed on a pool pod with a ready endpoint", lambda: _placed(pool), READY_S, 2.0)
+    took = time.monotonic() - t0
+    pods = pool.pods()
+    status = wait_for(
+        "the GPUPool's status to count 6 models",
+        lambda: s if (s := pool.gpupool().get("status") or {}).get("models") == len(MODELS) else None,
+        timeout_s=30,
+        interval_s=1.0,
+    )
+    print(f"\nplaced in {took:.0f} s on {len(pods)} pod(s): {sorted(p.metadata.name for p in pods)}")
+    print(f"GPUPool status: {status}")
+    for m in MODELS:
+        print(f"  {m.name} ({m.triton}): placement {placed[m.name]}; endpoints {pool.ready_endpoints(m)}")
+    assert 1 <= len(pods) <= MAX_PODS < len(MODELS)
+    assert all(p.spec.node_name == pool.lab.node for p in pods)
+    assert status["pods"] == len(pods)
+    assert status["readyPods"] >= 1
+    for m in MODELS:
+        assert placed[m.name]["mode"] == "Shared"
+        assert placed[m.name]["pool"] == POOL
+        labelled = [p for p in pods if (p.metadata.labels or {}).get(loaded_label(m.name)) == LOADED]
+        assert labelled, f"no pool pod carries {loaded_label(m.name)}"
+        for p in labelled:  # what routes is what serves
+            assert repository_index(p.status.pod_ip).get(m.triton) == "READY", (p.metadata.name, m.triton)
+    # no Deployment of a model's own
+    own = {d.metadata.name for d in pool.lab.kube.apps.list_namespaced_deployment(NS).items}
+    assert own == {f"{POOL}-pool"}, own
+
+
+def test_poisson_load_on_all_six_within_their_slas(pool: Pool) -> None:
+    loads = _loads(pool, MODELS, seed=100)
+    with ExitStack() as stack:
+        for _, endpoints, _load in loads:
+            stack.enter_context(endpoints)
+        watch = stack.enter_context(PoolWatch(pool))
+        for _, _, load in loads:
+            load.start(RATE_RPS)
+        time.sleep(LOAD_S)  # the load's duration, not an assertion
+        # the load still on: every Ready pod of the pool serves a model (a pod the plan added is given its slot)
+        serving = wait_for("every Ready pool pod serving a model", lambda: _all_serving(pool), 30, 1.0)
+        for _, _, load in loads:
+            load.stop()
+    server = _server_p99(pool)
+    total_sent = total_failed = 0
+    bad = []
+    print(f"\nPoisson {RATE_RPS} req/s per model for {LOAD_S:.0f} s; pool over time (s, pods, ready, desired):")
+    print(f"  {watch.changes}")
+    print(f"  longest a Ready pod served no model: {watch.longest_idle_s:.0f} s; at the end: {serving}")
+    for m, _, load in loads:
+        sent, failed, p99 = _figures(load)
+        total_sent, total_failed = total_sent + sent, total_failed + failed
+        s99 = server.get(m.triton)
+        print(
+            f"  {m.name}: T={m.p99_ms} ms, client p99 {p99:.1f} ms, server p99 (Prometheus summary) "
+            f"{'n/a' if s99 is None else f'{s99:.1f} ms'}, {sent} sent, {failed} failed"
+        )
+        if failed or not p99 <= m.p99_ms:
+            bad.append((m.name, sent, failed, round(p99, 1), m.p99_ms))
+    print(f"  total: {total_sent} sent, {total_failed} failed")
+    assert total_sent >= 0.7 * RATE_RPS * LOAD_S * len(MODELS)
+    assert not bad, bad
+
+
+def test_a_deleted_model_is_unloaded_from_every_pod_while_the_others_serve(pool: Pool) -> None:
+    others = tuple(m for m in MODELS if m != GONE)
+    loads = _loads(pool, others, seed=200)
+    with ExitStack() as stack:
+        for _, endpoints, _load in loads:
+            stack.enter_context(endpoints)
+        for _, _, load in loads:
+            load.start(RATE_RPS)
+        t0 = time.monotonic()
+        pool.delete(GONE)
+        bound = DRAIN_S + 6 * INTERVAL_S + 15
+
+        def unloaded() -> list[str] | None:
+            pods = pool.all_pods()
+            if any((p.metadata.labels or {}).get(loaded_label(GONE.name)) for p in pods):
+                return None
+            states = [repository_index(p.status.pod_ip).get(GONE.triton, "absent") for p in pods if p.status.pod_ip]
+            return states if states and all(s in ("UNAVAILABLE", "absent") for s in states) else None
+
+        states = wait_for(f"{GONE.triton} unloaded from every pool pod", unloaded, timeout_s=bound, interval_s=1.0)
+        took = time.monotonic() - t0
+        time.sleep(5)  # requests of the others after the unload are counted too
+        for _, _, load in loads:
+            load.stop()
+    print(f"\n{GONE.name} deleted: {GONE.triton} {states} on every pod after {took:.1f} s (bound {bound:.0f} s)")
+    failures = []
+    for m, _, load in loads:
+        sent, failed, p99 = _figures(load)
+        print(f"  {m.name}: {sent} sent, {failed} failed, client p99 {p99:.1f} ms")
+        if failed or not sent:
+            failures.append((m.name, sent, failed))
+    assert took >= DRAIN_S - 1, f"unloaded {took:.1f} s after the delete, within the drain of {DRAIN_S} s"
+    assert not failures, failures
+    gpupool = wait_for(
+        "the GPUPool's status to count 5 models",
+        lambda: s if (s := pool.gpupool().get("status") or {}).get("models") == len(others) else None,
+        timeout_s=30,
+    )
+    assert gpupool["models"] == len(others)
+
+
+def test_with_no_model_left_the_pool_goes_to_min_pods(pool: Pool) -> None:
+    t0 = time.monotonic()
+    for m in MODELS:
+        pool.delete(m)
+    apps = pool.lab.kube.apps
+    deployment = wait_for(
+        f"the pool's Deployment scaled to minPods={MIN_PODS} and its pods gone",
+        lambda: (
+            d
+            if (d := apps.read_namespaced_deployment(f"{POOL}-pool", NS)).spec.replicas == MIN_PODS
+            and len(pool.all_pods()) == MIN_PODS
+            else None
+        ),
+        timeout_s=DRAIN_S + 10 * INTERVAL_S + 60,
+        interval_s=1.0,
+    )
+    took = time.monotonic() - t0
+    status = wait_for(
+        "the GPUPool's status to count no model and no pod",
+        lambda: s if _counts(s := pool.gpupool().get("status") or {}) == (0, 0, MIN_PODS, MIN_PODS) else None,
+        timeout_s=30,
+    )
+    print(f"\nall deleted: Deployment replicas {deployment.spec.replicas}, pods 0 after {took:.1f} s; status {status}")
+    assert status.get("planHeadroom") is None, status  # no plan: no headroom to state
