@@ -16,6 +16,7 @@ from batchfill.controller.desired import Desired
 from batchfill.controller.pool_plan import (
     REPLAN_S,
     Member,
+    PoolPlan,
     PoolPlanMemory,
     assign_slots,
     decide_pool_plan,
@@ -207,6 +208,17 @@ def test_pool_status_counts_pods_models_and_a_finite_headroom() -> None:
     assert 0.0 <= status["planHeadroom"] < 1.0
     body["status"] = status
     assert pool_status(body, plan, [pod("p0", "bm-a"), pod("p1", ready=False)], len(ms)) == {}
+
+
+def test_a_pool_with_no_plan_left_drops_its_stored_headroom() -> None:
+    """Every member deleted: the stored planHeadroom described a plan that is gone, so it is removed (None in the
+    merge patch). Found by tests/cluster/test_shared_pool.py."""
+    stored = {"observedGeneration": 1, "pods": 0, "readyPods": 0, "desiredPods": 0, "models": 0, "planHeadroom": 0.92}
+    body = {"metadata": {"name": POOL, "namespace": NS, "generation": 1}, "status": stored}
+    plan = PoolPlan(placement=None, slots=(), pods=0, where={}, notes={}, memory=PoolPlanMemory())
+    assert pool_status(body, plan, [], 0) == {"planHeadroom": None}
+    body["status"] = {k: v for k, v in stored.items() if k != "planHeadroom"}
+    assert pool_status(body, plan, [], 0) == {}
 
 
 def test_labelled_is_ready_labelled_pods_not_terminating() -> None:

@@ -166,7 +166,8 @@ def pool_status(
         "models": members,
         "planHeadroom": headroom,
     }
-    return changed_fields(body.get("status") or {}, {k: v for k, v in wanted.items() if v is not None})
+    # a None removes the stored field (no plan now: no headroom; a stale figure would describe a plan gone)
+    return changed_fields(body.get("status") or {}, wanted)
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
