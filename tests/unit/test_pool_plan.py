@@ -30,7 +30,7 @@ from batchfill.controller.pool_sync import (
     pool_deployment,
     pool_status,
 )
-from batchfill.controller.shared_status import copies, served_shared, shared_status
+from batchfill.controller.shared_status import copies, member_rate, served_shared, shared_status
 from batchfill.render.kube import CONFIG_HASH_ANNOTATION
 from batchfill.render.pool import LOADED, PoolOwner, loaded_label, pool_selector_labels
 
@@ -165,6 +165,24 @@ def test_served_shared_follows_spec_mode_and_for_auto_the_pool_loops_placement()
     assert served_shared(model_doc("a", "Auto", placement={"mode": "Shared", "pool": POOL}))
     assert not served_shared(model_doc("a", "Auto", placement={"mode": "Shared", "pool": "another"}))
     assert not served_shared(model_doc("a", "Dedicated", placement={"mode": "Shared", "pool": POOL}))
+
+
+def test_a_members_rate_adds_its_own_replicas_only_while_its_own_scaling_loop_writes_them() -> None:
+    """An Auto model that graduated has no pool copy: its rate is its own replicas' (status.observed, written by its
+    scaling loop), so the plan sees its load fall and can bring it back; a shared model's stored figure is stale."""
+    observed = {"observed": {"requestRate": 40.0}}
+    dedicated = model_doc("a", "Auto", placement={"mode": "Dedicated", "pool": POOL}, **observed)
+    assert member_rate(False, None, dedicated) == 40.0
+    assert member_rate(True, 2.5, dedicated) == 42.5  # moving: the pool's copy and its own replicas both serve
+    assert member_rate(True, None, dedicated) is None  # the copies' rate unknown: not the own part alone
+    assert member_rate(True, math.nan, dedicated) is None
+    shared = model_doc("a", "Auto", placement={"mode": "Shared", "pool": POOL}, **observed)
+    assert member_rate(True, 3.0, shared) == 3.0
+    assert member_rate(False, None, shared) is None  # stale status.observed is not read
+    assert member_rate(False, None, model_doc("a", "Shared", **observed)) is None
+    unknown = model_doc("a", "Auto", placement={"mode": "Dedicated", "pool": POOL}, observed={"requestRate": None})
+    assert member_rate(False, None, unknown) is None
+    assert member_rate(True, 1.0, unknown) == 1.0
 
 
 def test_a_shared_models_status_counts_its_copies_as_ready_up_to_date_replicas() -> None:

@@ -62,6 +62,7 @@ from batchfill.controller.pool_plan import Member, PoolPlan, PoolPlanMemory, dec
 from batchfill.controller.pool_sync import labelled, member, member_writes, pool_deployment, pool_status
 from batchfill.controller.reconcile import SERVICE_MONITOR, apply_service_monitor, log_event, reapply
 from batchfill.controller.settings import OperatorSettings
+from batchfill.controller.shared_status import member_rate
 from batchfill.policy.cost import ExecutionCounters
 from batchfill.render.model_config import InstanceKind
 from batchfill.render.pool import (
@@ -336,9 +337,11 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
                 continue
             m, desired = found
             copies = frozenset(labelled(raw, m.name))
+            pooled = None
             if self.hub is not None and copies:
                 target = SignalTarget(namespace, m.name, m.spec.model.name, desired.plan_status.maxBatchSize, copies)
-                m = replace(m, rate_rps=self.hub.signals(target).request_rate_rps)
+                pooled = self.hub.signals(target).request_rate_rps
+            m = replace(m, rate_rps=member_rate(bool(copies), pooled, body))
             out.append((body, m, desired))
         return out
 

@@ -9,6 +9,7 @@ pool loop. The handlers and the pool loop both write it through :func:`shared_st
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,35 @@ def served_shared(body: Mapping[str, Any]) -> bool:
         return True
     status = (body.get("status") or {}).get("placement") or {}
     return mode == PlacementMode.AUTO and status.get("mode") == "Shared" and status.get("pool") == placement.get("pool")
+
+
+def member_rate(copies: bool, copies_rate_rps: float | None, body: Mapping[str, Any]) -> float | None:
+    """A pool member's request rate this tick, req/s, or None when it is not known (the plan keeps the last one).
+
+    Its pool copies' rate (read from the pool pods' ``model`` series) plus, while it also has replicas of its own,
+    ``status.observed.requestRate``, which its own scaling loop writes each tick from those replicas and removes
+    when unknown. A model served shared has no scaling loop of its own, so its stored figure is stale and not read.
+    Without this, an ``Auto`` model that graduated to its own replicas keeps the rate it left the pool with, and
+    never moves back when its load falls.
+
+    Args:
+        copies: whether a pool pod is labelled for it.
+        copies_rate_rps: the rate over those pods (None, NaN or negative: not known).
+        body: the BatchedModel.
+    """
+
+    def known(x: Any) -> float | None:
+        return float(x) if isinstance(x, int | float) and math.isfinite(x) and x >= 0 else None
+
+    pool = known(copies_rate_rps) if copies else 0.0
+    if pool is None:
+        return None
+    if served_shared(body):
+        return pool if copies else None
+    own = known(((body.get("status") or {}).get("observed") or {}).get("requestRate"))
+    if own is None:
+        return pool if copies else None
+    return pool + own
 
 
 def copies(pods: int, config_hash: str) -> dict[str, Any]:
