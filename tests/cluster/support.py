@@ -404,10 +404,15 @@ def require_real_node_tools() -> None:
         skip_or_fail(f"real nodes need {missing} (the Makefile's DEB_PACKAGES)")
 
 
-def write_sleep_model(repository: Path, name: str, alpha_ms: float, beta_ms: float) -> Path:
+def write_sleep_model(
+    repository: Path, name: str, alpha_ms: float, beta_ms: float, gpu_lock: str | None = None
+) -> Path:
     """The Python-backend sleep model as ``<repository>/<name>`` sleeping ``alpha_ms + beta_ms * b`` per batch of
     ``b``: the two knobs' defaults are set in its model.py, since a config the operator renders carries no model
-    parameters. Its config.pbtxt is a placeholder (the operator's config replaces it). Returns the model.py."""
+    parameters. ``gpu_lock``: a path inside the pod every execution holds an exclusive lock on (the sleep model's
+    ``gpu_lock``), so every model loaded in one pod runs one batch at a time: one GPU emulated per pod, the
+    execution model of :mod:`batchfill.sim.shared`. Its config.pbtxt is a placeholder (the operator's config
+    replaces it). Returns the model.py."""
     from batchfill.testbed.model_repo import write_model
 
     model_py = write_model(repository, name, "# replaced by the operator's config\n", "sleep_model") / "1" / "model.py"
@@ -415,6 +420,10 @@ def write_sleep_model(repository: Path, name: str, alpha_ms: float, beta_ms: flo
     for knob, value in (("alpha_ms", alpha_ms), ("beta_ms", beta_ms)):
         assert f'param("{knob}", 0.0)' in source, f"the sleep model no longer reads {knob} with default 0.0"
         source = source.replace(f'param("{knob}", 0.0)', f'param("{knob}", {value})')
+    if gpu_lock is not None:
+        unset = 'params.get("gpu_lock", {}).get("string_value", "")'
+        assert unset in source, "the sleep model no longer reads gpu_lock with default empty"
+        source = source.replace(unset, f"({unset} or {gpu_lock!r})")
     model_py.write_text(source)
     return model_py
 

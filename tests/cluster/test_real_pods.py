@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 import threading
 import time
 import urllib.request
@@ -28,20 +27,17 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from rich.console import Console
 
 from batchfill.adapters.triton_stats import parse_model_stats
 from batchfill.api.reasons import ConditionReason, ConditionType, EventReason, ReplanReason, ScalingReason
 from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from batchfill.render.kube import HTTP_PORT, MODEL_LABEL, Owner, build_service_monitor, names, template_config_name
-from batchfill.testbed import devcluster
 from batchfill.testbed.balancer import BalancedLoad, ServiceEndpoints
-from batchfill.testbed.install import CLAIM, install_operator_rbac, model_volume, server_side_apply
+from batchfill.testbed.install import CLAIM
 from batchfill.testbed.loadgen import grpc_fp32_input
-from batchfill.testbed.model_repo import write_model
 from batchfill.testbed.service_proxy import ServiceProxy
 
-from .support import Kube, Operator, rbac_denials, require_real_node_tools, wait_for
+from .support import Kube, Operator, real_node_lab, wait_for, write_sleep_model
 
 pytestmark = pytest.mark.cluster
 #: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.
@@ -190,62 +186,20 @@ def success_count(pod_ip: str, model: str = "sleep") -> int:
         return parse_model_stats(json.loads(r.read()), model).success.count
 
 
+def _write_models(files: Path) -> None:
+    write_sleep_model(files, "sleep", ALPHA_MS, BETA_MS)
+    (files / "broken" / "1").mkdir(parents=True)
+    (files / "broken" / "1" / "model.py").write_text(BROKEN_MODEL_PY)
+
+
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     """The cluster with one real node, the Triton image on it, Prometheus and the operator (see the docstring)."""
-    from batchfill.testbed.gpu_plugin import ensure_fake_gpu_plugin
-    from batchfill.testbed.images import ensure_triton_image
-    from batchfill.testbed.node import import_image, real_nodes
     from batchfill.testbed.node.images import busybox_image
-    from batchfill.testbed.prometheus_k8s import KubernetesPrometheus
 
-    require_real_node_tools()
-    console = Console(stderr=True, quiet=True)
-    devcluster.ensure_binaries(console, kubelet=True)
-    image = ensure_triton_image(console)
-    ensure_fake_gpu_plugin(console)
-    # short: the node's unix sockets live under it (at most 104 bytes); world-readable: the init container runs
-    # as Triton's uid and reads the model files from the hostPath volume
-    work = Path(tempfile.mkdtemp(prefix="bf-rp-", dir="/tmp"))
-    work.chmod(0o755)
-    files = work / "volume"
-    model_py = write_model(files, "sleep", "# replaced by the ConfigMap's config\n", "sleep_model") / "1" / "model.py"
-    source = model_py.read_text()
-    for knob, value in (("alpha_ms", ALPHA_MS), ("beta_ms", BETA_MS)):
-        assert f'param("{knob}", 0.0)' in source, f"the sleep model no longer reads {knob} with default 0.0"
-        source = source.replace(f'param("{knob}", 0.0)', f'param("{knob}", {value})')
-    model_py.write_text(source)
-    (files / "broken" / "1").mkdir(parents=True)
-    (files / "broken" / "1" / "model.py").write_text(BROKEN_MODEL_PY)
-    cluster = work / "cluster"
-    try:
-        info = devcluster.cluster_up(
-            cluster, 0, 0, real_nodes=1, real_node_gpus=NODE_GPUS, die_with_parent=True, quiet=True, build=False
-        )
-        node = real_nodes(cluster)[0]
-        import_image(node, image.path)
-        kube = Kube(kubeconfig=info.kubeconfig, existing=False, info=info)
-        install_operator_rbac(info.kubeconfig, work)
-        server_side_apply(info.kubeconfig, model_volume(NS, "models", files), work / "volume.yaml")
-        monitors = [build_service_monitor(Owner(m, NS, ""), interval_s=2) for m in MODELS]
-        prometheus = KubernetesPrometheus(
-            monitors, info.kubeconfig, scrape_interval_s=2, work_dir=work / "prom", startup_timeout_s=60
-        )
-        prometheus.start()
-        env = {**OPERATOR_ENV, "BATCHFILL_PROMETHEUS_URL": prometheus.url}
-        env["BATCHFILL_TRITON_CPU_IMAGE"] = image.reference
-        operator = Operator(kube, work, env=env)
-        operator.start()
-        try:
-            yield Lab(kube, node.name, busybox_image()[0], operator)
-        finally:
-            operator.stop()
-            prometheus.stop()
-            kube.close()
-            denied = rbac_denials(operator.logs())
-            assert not denied, denied[:5]
-    finally:
-        devcluster.cluster_down(cluster, quiet=True)
+    monitors = [build_service_monitor(Owner(m, NS, ""), interval_s=2) for m in MODELS]
+    with real_node_lab(NS, NODE_GPUS, _write_models, monitors, OPERATOR_ENV, prefix="bf-rp-") as rl:
+        yield Lab(rl.kube, rl.node, busybox_image()[0], rl.operator)
 
 
 @dataclass
