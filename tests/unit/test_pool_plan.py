@@ -31,6 +31,7 @@ from batchfill.controller.pool_sync import (
     pool_status,
 )
 from batchfill.controller.shared_status import copies, member_rate, served_shared, shared_status
+from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render.kube import CONFIG_HASH_ANNOTATION
 from batchfill.render.pool import LOADED, PoolOwner, loaded_label, pool_selector_labels
 
@@ -213,6 +214,28 @@ def test_member_writes_set_placement_and_reapply_when_copies_first_appear_or_the
         doc["status"] = {**doc["status"], **w.status}
     again = member_writes(ms, plan, pods, now=T0 + 5)
     assert [(w.status, w.reapply) for w in again] == [({}, False), ({}, False)]  # written only where changed
+
+
+def test_a_shared_models_observed_signals_come_from_its_copies_and_unknown_removes_them() -> None:
+    """A shared model has no scaling loop of its own: the pool loop writes status.observed from the signals over
+    its pool copies, removes it when they are unknown or it has no copy, and leaves a dedicated model's alone."""
+    ms = members(("a", 5.0, "Shared"), ("b", 5.0, "Shared"), ("auto", 150.0, "Auto"))
+    plan = decide_pool_plan(SPEC, [m for _, m, _ in ms], ["p0", "p1"], PoolPlanMemory(), T0)
+    pods = [pod("p0", "bm-a", "bm-b"), pod("p1")]
+    ok = ModelSignals(SignalState.OK, pods=1, request_rate_rps=4.2, avg_batch_size=1.5, batch_fill=0.1875,
+                      queue_time_ms=0.7, p99_ms=41.0)  # fmt: skip
+    ms[1][0]["status"]["observed"] = {"requestRate": 9.0}  # stale, from before it was shared
+    a, b, auto = member_writes(ms, plan, pods, now=T0, signals={"bm-a": ok, "bm-auto": ok})
+    assert a.status["observed"] == {"requestRate": 4.2, "avgBatchSize": 1.5, "batchFill": 0.188,
+                                    "queueTimeMs": 0.7, "p99Ms": 41.0}  # fmt: skip
+    assert b.status["observed"] is None  # no signals for it this tick: removed, not left stale
+    assert "observed" not in auto.status  # dedicated: its own scaling loop writes it
+    unknown = ModelSignals(SignalState.UNKNOWN, reason="PrometheusUnavailable")
+    ms[0][0]["status"] = {**ms[0][0]["status"], **a.status}
+    again = member_writes(ms, plan, pods, now=T0 + 5, signals={"bm-a": unknown})
+    assert again[0].status == {"observed": None}
+    held = member_writes(ms, plan, pods, now=T0 + 5, signals=None)  # no signal source: left as stored
+    assert "observed" not in held[0].status
 
 
 def test_pool_status_counts_pods_models_and_a_finite_headroom() -> None:

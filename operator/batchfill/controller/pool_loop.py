@@ -64,6 +64,7 @@ from batchfill.controller.reconcile import SERVICE_MONITOR, apply_service_monito
 from batchfill.controller.settings import OperatorSettings
 from batchfill.controller.shared_status import member_rate
 from batchfill.policy.cost import ExecutionCounters
+from batchfill.policy.signals import ModelSignals
 from batchfill.render.model_config import InstanceKind
 from batchfill.render.pool import (
     PoolOwner,
@@ -274,7 +275,7 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
             return
         raw = self.view.list_pods(ns, pool_selector_labels(name))
         pods = self._gather(raw, spec.maxPods + 1)
-        members = self._members(name, ns, models, raw)
+        members, signals = self._members(name, ns, models, raw)
         pool_plan = decide_pool_plan(spec, [m for _, m, _ in members], [p.name for p in pods if p.known],
                                      self.plans.get(meta["uid"], PoolPlanMemory()), now)  # fmt: skip
         self.plans[meta["uid"]] = pool_plan.memory
@@ -290,7 +291,7 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         by_name = {m["metadata"]["name"]: m for m in models if m["metadata"].get("namespace") == ns}
         for e in events:
             self._post(by_name.get(e.name, body), e)
-        self._sync(body, spec, raw, members, pool_plan, now)
+        self._sync(body, spec, raw, members, pool_plan, signals, now)
         self._charge(body, spec, pods, members, now)
 
     def _charge(
@@ -322,9 +323,11 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
 
     def _members(
         self, pool: str, namespace: str, models: Sequence[Mapping[str, Any]], raw: Sequence[Mapping[str, Any]]
-    ) -> list[tuple[Mapping[str, Any], Member, Desired]]:
-        """The models that name the pool (Shared or Auto), each with its observed rate and plan."""
+    ) -> tuple[list[tuple[Mapping[str, Any], Member, Desired]], dict[str, ModelSignals]]:
+        """The models that name the pool (Shared or Auto), each with its observed rate and plan; and the signals
+        of those with pool copies, read over those copies."""
         out = []
+        signals: dict[str, ModelSignals] = {}
         for body in sorted(models, key=lambda b: str(b["metadata"]["name"])):
             meta, placement = body["metadata"], (body.get("spec") or {}).get("placement") or {}
             if meta.get("namespace") != namespace or meta.get("deletionTimestamp") or placement.get("pool") != pool:
@@ -340,10 +343,11 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
             pooled = None
             if self.hub is not None and copies:
                 target = SignalTarget(namespace, m.name, m.spec.model.name, desired.plan_status.maxBatchSize, copies)
-                pooled = self.hub.signals(target).request_rate_rps
+                signals[m.name] = self.hub.signals(target)
+                pooled = signals[m.name].request_rate_rps
             m = replace(m, rate_rps=member_rate(bool(copies), pooled, body))
             out.append((body, m, desired))
-        return out
+        return out, signals
 
     def _sync(
         self,
@@ -352,6 +356,7 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         raw: Sequence[Mapping[str, Any]],
         members: Sequence[tuple[Mapping[str, Any], Member, Desired]],
         plan: PoolPlan,
+        signals: Mapping[str, ModelSignals],
         now: float,
     ) -> None:
         """The pool's Deployment, its members' statuses (and their re-apply), the GPUPool's status."""
@@ -368,7 +373,8 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
             if self.kube.has_kind(*SERVICE_MONITOR):
                 apply_service_monitor(self.kube, build_pool_service_monitor(owner))
             self.serviced.add(meta["uid"])
-        for w in member_writes(members, plan, raw, now=now):
+        observed = signals if self.hub is not None else None
+        for w in member_writes(members, plan, raw, now=now, signals=observed):
             m = w.body["metadata"]
             if w.status and not self.kube.patch_status(w.body, w.status):
                 continue  # changed meanwhile: the next tick writes from the newer copy

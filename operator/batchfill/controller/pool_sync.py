@@ -29,10 +29,11 @@ from batchfill.api.spec import BatchedModelSpec, PlacementSpec, ProfilePoint
 from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.pool_plan import Member, PoolPlan
 from batchfill.controller.shared_status import shared_status
-from batchfill.controller.status import changed_fields
+from batchfill.controller.status import changed_fields, observed_status
 from batchfill.policy.conditions import rfc3339
 from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB
 from batchfill.policy.placement_status import placement_status
+from batchfill.policy.signals import ModelSignals
 from batchfill.render.kube import Owner
 from batchfill.render.pool import LOADED, LOADED_LABEL_PREFIX, build_pool_deployment, loaded_label
 
@@ -124,8 +125,13 @@ def member_writes(
     pods: Sequence[Mapping[str, Any]],
     *,
     now: float,
+    signals: Mapping[str, ModelSignals] | None = None,
 ) -> list[MemberWrite]:
-    """Each member's status write under ``plan`` (module docstring)."""
+    """Each member's status write under ``plan`` (module docstring).
+
+    ``signals``: by member name, its signals over its pool copies this tick; a shared model's ``status.observed``
+    is written from them (removed when unknown or absent: it has no copy), since it has no scaling loop of its own
+    to write it. None: ``status.observed`` is left as stored (no signal source)."""
     out = []
     for body, m, desired in members:
         stored = (body.get("status") or {}).get("placement") or {}
@@ -138,7 +144,9 @@ def member_writes(
         if placed.get("mode") != stored.get("mode"):
             placed["since"] = rfc3339(now)
         shared = placed["mode"] == "Shared"
-        wanted = shared_status(body, desired, placed, now=now) if shared else {"placement": placed}
+        wanted: dict[str, Any] = shared_status(body, desired, placed, now=now) if shared else {"placement": placed}
+        if shared and signals is not None:
+            wanted["observed"] = observed_status(signals[m.name]) if m.name in signals else None
         changed = changed_fields(body.get("status") or {}, wanted)
         appeared = shared and bool(placed.get("podCount")) and not stored.get("podCount")
         out.append(MemberWrite(body, changed, appeared or placed.get("mode") != stored.get("mode")))
