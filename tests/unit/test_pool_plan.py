@@ -238,6 +238,25 @@ def test_a_shared_models_observed_signals_come_from_its_copies_and_unknown_remov
     assert "observed" not in held[0].status
 
 
+def test_a_member_leaving_the_pool_has_its_copies_counts_zeroed_with_its_new_placement_in_one_patch() -> None:
+    """Auto at a rate that fills a GPU, stored Shared with 1 copy: the patch that says Dedicated also says 0 replicas
+    Ready (they were its copies'), so the pool, which keeps a copy until readyReplicas counts one of its own, keeps
+    it even when the operator dies before the re-apply that writes the real count. Found by
+    tests/cluster/test_shared_moves.py."""
+    ((doc, m, desired),) = members(("auto", 150.0, "Auto"))
+    doc["status"] = {**doc["status"], "replicas": 1, "readyReplicas": 1,
+                     "placement": {"mode": "Shared", "pool": POOL, "podCount": 1}}  # fmt: skip
+    plan = decide_pool_plan(SPEC, [m], ["p0"], PoolPlanMemory(), T0)
+    (w,) = member_writes([(doc, m, desired)], plan, [pod("p0", "bm-auto")], now=T0)
+    assert w.status["placement"]["mode"] == "Dedicated"
+    assert w.status["placement"]["podCount"] == 1  # the copy still serves it
+    assert (w.status["replicas"], w.status["readyReplicas"]) == (0, 0)
+    assert w.reapply
+    doc["status"] = {**doc["status"], **w.status, "readyReplicas": 2}  # its own replicas, as its scaling loop says
+    (again,) = member_writes([(doc, m, desired)], plan, [pod("p0")], now=T0 + 5)
+    assert "readyReplicas" not in again.status  # once Dedicated, the counts are its own Deployment's
+
+
 def test_pool_status_counts_pods_models_and_a_finite_headroom() -> None:
     ms = [m for _, m, _ in members(("a", 5.0, "Shared"), ("b", 5.0, "Shared"))]
     plan = decide_pool_plan(SPEC, ms, ["p0"], PoolPlanMemory(), T0)

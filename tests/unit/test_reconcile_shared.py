@@ -9,7 +9,17 @@ from typing import Any
 from batchfill.controller.shared_status import served_shared
 from batchfill.render.pool import LOADED, loaded_label, pool_selector_labels
 
-from .test_controller_loops import DEPLOYMENT, NS, SCALING_SPEC, FakeKube, planned_model, writes
+from .test_controller_loops import (
+    DEPLOYMENT,
+    NS,
+    SCALING_SPEC,
+    T0,
+    FakeKube,
+    FakePrometheus,
+    planned_model,
+    scaling_loop,
+    writes,
+)
 
 POOL = "shared"
 
@@ -85,3 +95,41 @@ def test_a_model_leaving_its_pool_gets_min_replicas_back_and_its_address_stays_o
     kube.run_pods("m", ready=1)
     kube.handle("m")
     assert loaded_label("m") not in service(kube, "m")["spec"]["selector"]  # its own pods now
+
+
+def test_an_auto_model_the_plan_graduates_keeps_its_address_on_the_copies_until_its_own_replica_is_ready() -> None:
+    """The joint plan moves an Auto model to replicas of its own: the pool loop writes status.placement Dedicated
+    at once, with the copy still labelled (podCount 1) and readyReplicas 0 (controller/pool_sync.member_writes).
+    Its Deployment comes back at minReplicas (it was scaled to 0 on the pool), its Service stays on the copy until
+    an own replica is Ready, and the first scaling tick that sees one Ready re-applies the children (the Service
+    moves) before any status write counts it, since that count is what lets the pool drop its copy. Found by
+    tests/cluster/test_shared_moves.py: before, the Service went to the own pods at once (no endpoint until one
+    was Ready) and the Deployment stayed at 0."""
+    kube = FakeKube()
+    planned_model(kube, "m", SCALING_SPEC)
+    kube.models[(NS, "m")]["spec"]["placement"] = {"mode": "Auto", "pool": POOL}
+    set_placement(kube, "m", mode="Shared", podCount=1)
+    kube.handle("m")  # on the pool: its own replicas scaled to 0
+    kube.run_pods("m", ready=0)
+    assert kube.objects[(*DEPLOYMENT, NS, "m-triton")]["spec"]["replicas"] == 0
+
+    set_placement(kube, "m", mode="Dedicated", podCount=1)
+    kube.write_status(kube.models[(NS, "m")], {"replicas": 0, "readyReplicas": 0})
+    kube.handle("m")  # the pool loop's re-apply
+    assert kube.objects[(*DEPLOYMENT, NS, "m-triton")]["spec"]["replicas"] == SCALING_SPEC["scaling"]["minReplicas"]
+    assert service(kube, "m")["spec"]["selector"].get(loaded_label("m")) == LOADED  # the copy serves meanwhile
+
+    kube.run_pods("m", ready=1)
+    loop = scaling_loop(kube, FakePrometheus())
+    kube.calls.clear()
+    loop.tick(T0 + 10)
+    applied = [w for w in writes(kube) if w[0] == "apply"]
+    assert ("apply", "Service") in applied
+    assert loaded_label("m") not in service(kube, "m")["spec"]["selector"]  # its own pods now
+    status = [w for w in writes(kube) if w[0] == "status"]
+    assert status
+    assert writes(kube).index(("apply", "Service")) < writes(kube).index(status[0])
+    assert kube.models[(NS, "m")]["status"]["readyReplicas"] == 1  # now the pool may drop its copy
+    kube.calls.clear()
+    loop.tick(T0 + 20)
+    assert ("apply", "Service") not in writes(kube)  # once: the count is written, no re-apply each tick

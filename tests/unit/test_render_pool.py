@@ -11,7 +11,7 @@ import tritonclient.grpc.model_config_pb2 as mc
 from google.protobuf import json_format
 
 from batchfill.api.pool import GPUPoolSpec
-from batchfill.render.kube import Owner, build_service
+from batchfill.render.kube import Owner, build_service, build_service_monitor
 from batchfill.render.pool import (
     LOADED,
     PoolOwner,
@@ -97,7 +97,14 @@ def test_the_shared_service_keeps_the_models_address_and_selects_loaded_pool_pod
     owner = Owner(name="resnet50", namespace="ml", uid="u-2")
     shared, dedicated = build_shared_service(owner, "small-models"), build_service(owner)
     assert shared["metadata"]["name"] == dedicated["metadata"]["name"]
-    assert shared["spec"]["ports"] == dedicated["spec"]["ports"]
+    assert shared["metadata"]["labels"] == dedicated["metadata"]["labels"]
+    # the ports clients use; not the metrics port, which the model's ServiceMonitor (it selects these labels)
+    # would scrape, each pool pod's series then counted once per model's Service on top of the pool's
+    assert [p["name"] for p in dedicated["spec"]["ports"]] == ["http", "grpc", "metrics"]
+    assert shared["spec"]["ports"] == dedicated["spec"]["ports"][:2]
+    monitor = build_service_monitor(owner)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= shared["metadata"]["labels"].items()
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"metrics"}
     assert shared["spec"]["selector"] == {
         "app.kubernetes.io/name": "triton",
         "batchfill.io/gpupool": "small-models",

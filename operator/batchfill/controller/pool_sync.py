@@ -9,7 +9,10 @@ GPUPool's status (:class:`batchfill.controller.pool_loop.PoolModelsLoop` gathers
 * Each member's status is :func:`batchfill.controller.shared_status.shared_status` with ``status.placement`` from
   :func:`batchfill.policy.placement_status.placement_status`, written only where it changed; a member whose
   copies appear (a Dedicated -> Shared move: its own replicas may scale to 0) or whose placement mode changes is
-  reconciled again so that its Service follows.
+  reconciled again so that its Service follows. A member leaving the pool (Shared -> Dedicated) has its replica
+  counts (its copies' until then) written 0 with the new placement, in the same patch: the pool keeps its copies
+  until ``status.readyReplicas`` counts a replica of its own, so an operator killed before the re-apply must not
+  leave the copies' count to be read as that.
 """
 
 from __future__ import annotations
@@ -147,6 +150,10 @@ def member_writes(
         wanted: dict[str, Any] = shared_status(body, desired, placed, now=now) if shared else {"placement": placed}
         if shared and signals is not None:
             wanted["observed"] = observed_status(signals[m.name]) if m.name in signals else None
+        if not shared and stored.get("mode") == "Shared":
+            # its replica counts were its pool copies': the pool keeps a copy until readyReplicas counts one of its
+            # own Ready, so a stale count must not outlive the move (the re-apply below writes the real one)
+            wanted |= {"replicas": 0, "readyReplicas": 0}
         changed = changed_fields(body.get("status") or {}, wanted)
         appeared = shared and bool(placed.get("podCount")) and not stored.get("podCount")
         out.append(MemberWrite(body, changed, appeared or placed.get("mode") != stored.get("mode")))

@@ -171,20 +171,28 @@ def _config_hash(deployment: Mapping[str, Any]) -> str | None:
     return ((template.get("metadata") or {}).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
 
 
+def _leaving_pool(placed: Mapping[str, Any]) -> bool:
+    """Whether ``status.placement`` says the model is (still) on its pool: mode Shared (its spec left the pool), or
+    copies on pool pods (``podCount``; an ``Auto`` model the joint plan moved to replicas of its own is written
+    Dedicated at once, while its pool copies still serve it)."""
+    return bool(placed.get("pool")) and (placed.get("mode") == "Shared" or bool(placed.get("podCount")))
+
+
 def _replicas(existing: Mapping[str, Any] | None, placed: Mapping[str, Any], least: int) -> int:
     """The Deployment's replicas: as they are (the scaling loop's), or ``least`` (minReplicas) for a new one and for
-    one coming back from a pool with its replicas scaled below it."""
+    one coming back from a pool with its replicas scaled below it (:func:`_leaving_pool`)."""
     replicas = (existing or {}).get("spec", {}).get("replicas")
-    if replicas is None or (placed.get("mode") == "Shared" and replicas < least):
+    if replicas is None or (_leaving_pool(placed) and replicas < least):
         return least
     return int(replicas)
 
 
 def _service(owner: Owner, placed: Mapping[str, Any], deployment: Mapping[str, Any]) -> dict[str, Any]:
-    """The model's Service: its own pods', except while it leaves its pool (``status.placement`` still Shared with
-    copies) and no replica of its own is Ready: then the pool's copies keep the model's address."""
+    """The model's Service: its own pods', except while it leaves its pool (``status.placement`` names the pool and
+    counts copies there) and no replica of its own is Ready: then the pool's copies keep the model's address, and
+    the pool keeps them until ``status.readyReplicas`` counts a Ready replica of its own (written after this)."""
     ready = int(((deployment.get("status") or {}).get("readyReplicas")) or 0)
-    if placed.get("mode") == "Shared" and placed.get("podCount") and not ready:
+    if placed.get("pool") and placed.get("podCount") and not ready:
         return build_shared_service(owner, str(placed.get("pool")))
     return build_service(owner)
 

@@ -303,6 +303,22 @@ def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, statu
         return "status.plan is not the plan of the adopted profile yet"
     if rolls_in_place(deployment) and not rollout_in_progress(deployment):
         return "the in-place rollout is complete: the surge strategy comes back"
+    return _left_pool(deployment, status)
+
+
+def _left_pool(deployment: Mapping[str, Any], status: Mapping[str, Any]) -> str:
+    """Why the Service must move from the pool's copies to the model's own replicas now (empty: it need not).
+
+    While a model leaves its GPUPool, its Service stays on the pool copies until a replica of its own is Ready
+    (:func:`batchfill.controller.reconcile.reconcile`), and the pool keeps those copies until
+    ``status.readyReplicas`` counts one. A status refresh alone would write that count and let the pool drop its
+    copies while the Service still selects them (every request failing until some later re-apply): so the first
+    tick that sees an own replica Ready re-applies the children, which moves the Service, then writes the count.
+    """
+    placed = status.get("placement") or {}
+    ready = int(((deployment.get("status") or {}).get("readyReplicas")) or 0)
+    if placed.get("pool") and placed.get("podCount") and ready and not status.get("readyReplicas"):
+        return f"{ready} replica(s) of its own are Ready while its pool's copies serve it: its Service moves to them"
     return ""
 
 

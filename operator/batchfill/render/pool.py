@@ -213,12 +213,15 @@ def build_pool_deployment(owner: Owner, pool: GPUPoolSpec, replicas: int) -> dic
 def build_shared_service(owner: Owner, pool: str) -> dict[str, Any]:
     """The model's Service while it is shared: its usual name and ports, selecting the pool's pods it is loaded on.
 
-    Not a scrape target (no ``prometheus.io/`` annotations): a pod serving several models would be scraped once per
-    model's Service, and every series summed twice or more; the pool's own Service (:func:`build_pool_service`) is
-    the one scraped, and each series' ``model`` label tells the models apart.
+    Not a scrape target (no ``prometheus.io/`` annotations, and no ``metrics`` port, which the model's own
+    ServiceMonitor scrapes: it selects this Service by its labels, kept for ``kubectl get -l``): a pod serving
+    several models would be scraped once per model's Service, and every series summed twice or more; the pool's
+    own Service (:func:`build_pool_service`) is the one scraped, and each series' ``model`` label tells the models
+    apart.
     """
     service = build_service(owner)
     service["spec"]["selector"] = {**pool_selector_labels(pool), loaded_label(owner.name): LOADED}
+    service["spec"]["ports"] = [p for p in service["spec"]["ports"] if p["name"] != "metrics"]
     annotations = service["metadata"].get("annotations") or {}
     service["metadata"]["annotations"] = {k: v for k, v in annotations.items() if not k.startswith("prometheus.io/")}
     return service
