@@ -433,6 +433,8 @@ def test_poisson_load_on_all_six_within_their_slas(pool: Pool) -> None:
         # the load still on: every Ready pod of the pool serves a model (a pod the plan added is given its slot)
         serving = wait_for("every Ready pool pod serving a model", lambda: _all_serving(pool), 30, 1.0)
         pool.steady = _steady_window(pool)
+        # the load still on: each shared model's own signals, read by the pool loop over its copies
+        observed = {m.name: (pool.bm(m.name).get("status") or {}).get("observed") or {} for m in MODELS}
         for _, _, load in loads:
             load.stop()
     server = _server_p99(pool)
@@ -457,8 +459,11 @@ def test_poisson_load_on_all_six_within_their_slas(pool: Pool) -> None:
         if failed or not steady_p99 <= m.p99_ms:
             bad.append((m.name, sent, failed, round(steady_p99, 1), m.p99_ms))
     print(f"  total: {total_sent} sent, {total_failed} failed")
+    print(f"  status.observed: {observed}")
     assert total_sent >= 0.7 * RATE_RPS * LOAD_S * len(MODELS)
     assert not bad, bad
+    rates = {n: o.get("requestRate") for n, o in observed.items()}
+    assert all(r is not None and RATE_RPS / 2 <= r <= 2 * RATE_RPS for r in rates.values()), rates
 
 
 def test_the_fleet_simulator_agrees_with_the_cluster(pool: Pool) -> None:
