@@ -7,9 +7,23 @@ the component tests. So cluster tests run after everything else.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+
 import pytest
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)  # stable: keeps order within
+
+
+@pytest.fixture(autouse=True)
+def _sigpipe_stays_ignored() -> Iterator[None]:
+    # Python ignores SIGPIPE, so a write to a closed socket raises instead of ending the process. A test that
+    # leaves it at the default (as `batchfill`'s console entry point sets it) would let the next proxy or
+    # client that writes to a peer gone away kill the whole pytest run: CI once died so, mid-cluster tests.
+    yield
+    if hasattr(signal, "SIGPIPE") and signal.getsignal(signal.SIGPIPE) != signal.SIG_IGN:
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        pytest.fail("this test left SIGPIPE at its default disposition; the rest of the run would die on one")

@@ -98,16 +98,25 @@ def test_a_model_that_fills_gpus_keeps_them_on_the_pool_when_shared_and_leaves_w
     assert plan.pods == min(SPEC.maxPods, len(plan.slots))
 
 
-def test_the_plan_holds_for_replan_s_and_an_unknown_rate_is_the_last_known_one() -> None:
+def test_the_plan_holds_for_replan_s_unless_a_rate_rose_and_an_unknown_rate_is_the_last_known_one() -> None:
     ms = [m for _, m, _ in members(("a", 5.0, "Shared"), ("b", 6.0, "Shared"))]
     first = decide_pool_plan(SPEC, ms, ["p0", "p1"], PoolPlanMemory(), T0)
-    busier = [m.__class__(**{**m.__dict__, "rate_rps": 40.0}) for m in ms]
-    held = decide_pool_plan(SPEC, busier, ["p0", "p1"], first.memory, T0 + REPLAN_S / 2)
+    # within the band (5 -> 5.5 is 10 %, under 10 % + 0.1 req/s), and falls: held until REPLAN_S
+    noisy = [m.__class__(**{**m.__dict__, "rate_rps": r}) for m, r in zip(ms, (5.6, 1.0), strict=True)]
+    held = decide_pool_plan(SPEC, noisy, ["p0", "p1"], first.memory, T0 + REPLAN_S / 2)
     assert held.placement is first.placement
     assert held.memory.at == T0
+    # a rise past it is planned at once: the kept placement is re-checked at the rates it must now carry
+    busier = [m.__class__(**{**m.__dict__, "rate_rps": 40.0}) for m in ms]
+    risen = decide_pool_plan(SPEC, busier, ["p0", "p1"], held.memory, T0 + REPLAN_S / 2 + 1)
+    assert risen.placement is not held.placement
+    assert risen.memory.at == T0 + REPLAN_S / 2 + 1
+    assert {m.name: m.rate_rps for m in risen.placement.models} == {"bm-a": 40.0, "bm-b": 40.0}  # type: ignore[union-attr]
+    held = decide_pool_plan(SPEC, busier, ["p0", "p1"], risen.memory, T0 + REPLAN_S)
+    assert held.placement is risen.placement  # planned for those rates: no plan each tick
     unknown = [m.__class__(**{**m.__dict__, "rate_rps": r}) for m, r in zip(ms, (None, math.nan), strict=True)]
-    again = decide_pool_plan(SPEC, unknown, ["p0", "p1"], held.memory, T0 + REPLAN_S)
-    assert again.memory.at == T0 + REPLAN_S  # planned again ...
+    again = decide_pool_plan(SPEC, unknown, ["p0", "p1"], held.memory, T0 + REPLAN_S * 2)
+    assert again.memory.at == T0 + REPLAN_S * 2  # planned again ...
     assert again.memory.rates == held.memory.rates == {"bm-a": 40.0, "bm-b": 40.0}  # ... on the last known rates
     fresh = decide_pool_plan(SPEC, unknown, ["p0", "p1"], PoolPlanMemory(), T0)
     assert fresh.memory.rates == {"bm-a": 0.0, "bm-b": 0.0}  # never known: 0, no reason to move

@@ -1,5 +1,5 @@
 """``python -m batchfill.cli``: the same entry point as the ``batchfill`` console script."""
 
-from batchfill.cli.main import main
+from batchfill.cli.main import entry
 
-raise SystemExit(main())
+entry()

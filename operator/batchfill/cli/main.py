@@ -376,9 +376,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    if hasattr(signal, "SIGPIPE"):  # `batchfill plan ... | head` ends quietly, as Unix tools do
+def entry() -> None:
+    """The ``batchfill`` console script and ``python -m batchfill.cli``: :func:`main` with SIGPIPE at its default.
+
+    ``batchfill plan ... | head`` then ends quietly, as Unix tools do. Only the process's own entry point sets it:
+    :func:`main` called in-process (tests, embedding) keeps Python's ignored SIGPIPE, under which a write to a
+    closed socket raises ``BrokenPipeError`` instead of killing the whole process.
+    """
+    if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    raise SystemExit(main())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``batchfill`` command; returns its exit code (0 ok, 2 usage, others per command)."""
     args = build_parser().parse_args(argv)  # --help and usage errors exit here, before rich is imported
     from rich.console import Console
 

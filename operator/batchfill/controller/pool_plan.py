@@ -5,8 +5,10 @@ observed request rates, then:
 
 1. :func:`decide_pool_plan` places them with :func:`batchfill.policy.placement.plan_placement` on the pool's GPU
    (``gpuMemoryMiB``), the placement in force passed as ``current`` so small rate changes keep every model where
-   it is (the plan's hysteresis). It plans again when the members or their specs change, or
-   :data:`REPLAN_S` after the last plan; a rate that is not known (no Ready copy, Prometheus down) is the last
+   it is (the plan's hysteresis). It plans again when the members or their specs change, when a member's rate
+   rose past what the placement was planned for (:func:`rates_rose`: a kept placement is re-checked at once, not
+   up to a minute after its GPU stopped holding the load), or :data:`REPLAN_S` after the last plan; a rate that is
+   not known (no Ready copy, Prometheus down) is the last
    known one, else 0: never a reason to move a model.
 2. :func:`pod_slots` turns the placement into slots: one per shared GPU, plus one per dedicated GPU of a model whose
    spec says Shared (it stays on the pool whatever its load; an Auto model that fills a GPU leaves for replicas
@@ -35,6 +37,13 @@ from batchfill.policy.plan import PlanResult
 
 #: Seconds between two joint plans of an unchanged pool (a plan simulates every shared GPU: ~0.1-1 s per GPU).
 REPLAN_S = 60.0
+#: A member's rate that rose above its planned rate by this fraction plus :data:`REPLAN_RISE_FLOOR_RPS` triggers a
+#: plan at once. Falls wait for REPLAN_S: a placement planned for more load still holds less (a saving deferred,
+#: no SLA at risk). 10 %: the plan's own band (batchfill.policy.placement.REPACK_RATE_MARGIN), so a steady rate's
+#: noise re-checks now and then but seldom moves anything.
+REPLAN_RISE_FRACTION = 0.1
+#: The floor keeps a model near 0 req/s (planned at 0, now at 0.05) from planning every tick, req/s.
+REPLAN_RISE_FLOOR_RPS = 0.1
 #: A slot: ("gpu", shared gpu_id) or ("own", model name, k) for the k-th dedicated GPU of a Shared-mode model.
 Slot = tuple[Any, ...]
 
@@ -97,6 +106,17 @@ def _rates(members: Sequence[Member], last: Mapping[str, float]) -> dict[str, fl
         r = m.rate_rps
         out[m.name] = r if r is not None and math.isfinite(r) and r >= 0 else last.get(m.name, 0.0)
     return out
+
+
+def rates_rose(placement: Placement | None, rates: Mapping[str, float]) -> bool:
+    """Whether some placed model's rate (req/s, by name) exceeds the rate ``placement`` planned it at by more than
+    :data:`REPLAN_RISE_FRACTION` + :data:`REPLAN_RISE_FLOOR_RPS`. False without a placement."""
+    if placement is None:
+        return False
+    return any(
+        rates.get(m.name, 0.0) > m.rate_rps * (1 + REPLAN_RISE_FRACTION) + REPLAN_RISE_FLOOR_RPS
+        for m in placement.models
+    )
 
 
 def _place(
@@ -204,7 +224,7 @@ def decide_pool_plan(
     key = tuple(sorted(_key(m) for m in members))
     if not members:
         placement, notes = None, {}
-    elif memory.key == key and now - memory.at < REPLAN_S:
+    elif memory.key == key and now - memory.at < REPLAN_S and not rates_rose(memory.placement, rates):
         placement = memory.placement
         notes = {m.name: "no profile yet: served on the pool's first pod until one is measured"
                  for m in members if placement is None or m.name not in {p.name for p in placement.models}}  # fmt: skip
