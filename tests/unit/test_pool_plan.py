@@ -98,6 +98,29 @@ def test_a_model_that_fills_gpus_keeps_them_on_the_pool_when_shared_and_leaves_w
     assert plan.pods == min(SPEC.maxPods, len(plan.slots))
 
 
+def test_an_auto_model_on_its_own_replicas_comes_back_only_once_clearly_below_one_gpu() -> None:
+    def at(rate: float, memory: PoolPlanMemory, now: float) -> Any:
+        ms = [m for _, m, _ in members(("auto", rate, "Auto"), ("a", 5.0, "Shared"))]
+        return decide_pool_plan(SPEC, ms, ["p0", "p1"], memory, now)
+
+    hot = at(150.0, PoolPlanMemory(), T0)
+    auto = hot.placement.model("bm-auto")
+    assert auto.dedicated_gpus >= 1
+    one_gpu = auto.rate_rps / auto.design_rate_rps * auto.capacity_rps  # u·C: the rate that fills one GPU
+    assert at(0.95 * one_gpu, PoolPlanMemory(), T0).placement.model("bm-auto").dedicated_gpus == 0  # never left
+    # the same rate after it left: it stays on its own replicas (within RETURN_MARGIN of one GPU) ...
+    near = at(0.95 * one_gpu, hot.memory, T0 + REPLAN_S)
+    assert near.memory.at == T0 + REPLAN_S
+    assert near.placement.model("bm-auto").dedicated_gpus == 1
+    assert near.where["bm-auto"] == frozenset()
+    # ... and comes back once clearly below it, at its own rate
+    below = at(0.85 * one_gpu, near.memory, T0 + 2 * REPLAN_S)
+    back = below.placement.model("bm-auto")
+    assert back.dedicated_gpus == 0
+    assert back.rate_rps == pytest.approx(0.85 * one_gpu)
+    assert below.where["bm-auto"]
+
+
 def test_the_plan_holds_for_replan_s_unless_a_rate_rose_and_an_unknown_rate_is_the_last_known_one() -> None:
     ms = [m for _, m, _ in members(("a", 5.0, "Shared"), ("b", 6.0, "Shared"))]
     first = decide_pool_plan(SPEC, ms, ["p0", "p1"], PoolPlanMemory(), T0)

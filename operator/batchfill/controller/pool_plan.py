@@ -8,8 +8,9 @@ observed request rates, then:
    it is (the plan's hysteresis). It plans again when the members or their specs change, when a member's rate
    rose past what the placement was planned for (:func:`rates_rose`: a kept placement is re-checked at once, not
    up to a minute after its GPU stopped holding the load), or :data:`REPLAN_S` after the last plan; a rate that is
-   not known (no Ready copy, Prometheus down) is the last
-   known one, else 0: never a reason to move a model.
+   not known (no Ready copy, Prometheus down) is the last known one, else 0: never a reason to move a model. An
+   Auto model on replicas of its own is planned :data:`RETURN_MARGIN` above its rate (:func:`held_members`): it
+   graduates when its load fills a GPU and comes back only once it is clearly below one.
 2. :func:`pod_slots` turns the placement into slots: one per shared GPU, plus one per dedicated GPU of a model whose
    spec says Shared (it stays on the pool whatever its load; an Auto model that fills a GPU leaves for replicas
    of its own). The pool's pods are the slots, within ``[minPods, maxPods]``.
@@ -26,7 +27,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchfill.api.errors import SpecError
@@ -42,6 +43,11 @@ REPLAN_S = 60.0
 #: no SLA at risk). 10 %: the plan's own band (batchfill.policy.placement.REPACK_RATE_MARGIN), so a steady rate's
 #: noise re-checks now and then but seldom moves anything.
 REPLAN_RISE_FRACTION = 0.1
+#: An Auto model on replicas of its own is planned for its rate times (1 + this) while it is there, so it comes back
+#: to the pool only once its load is about 9 % below what one GPU serves (1 / 1.1), not as soon as it dips under:
+#: each move starts or stops pods, and a rate hovering at one GPU would move it back and forth. The plan's band
+#: (batchfill.policy.placement.REPACK_RATE_MARGIN).
+RETURN_MARGIN = 0.1
 #: The floor keeps a model near 0 req/s (planned at 0, now at 0.05) from planning every tick, req/s.
 REPLAN_RISE_FLOOR_RPS = 0.1
 #: A slot: ("gpu", shared gpu_id) or ("own", model name, k) for the k-th dedicated GPU of a Shared-mode model.
@@ -117,6 +123,22 @@ def rates_rose(placement: Placement | None, rates: Mapping[str, float]) -> bool:
         rates.get(m.name, 0.0) > m.rate_rps * (1 + REPLAN_RISE_FRACTION) + REPLAN_RISE_FLOOR_RPS
         for m in placement.models
     )
+
+
+def held_members(members: Sequence[Member], current: Placement | None) -> list[Member]:
+    """The members as the joint plan is given them: an Auto model that the placement in force serves on dedicated
+    GPUs (its own replicas) with its ``targetUtilization`` divided by ``1 +`` :data:`RETURN_MARGIN`, so its design
+    rate λ / u is that much higher while its rate stays what was observed; the others unchanged."""
+    dedicated = {p.name for p in current.models if p.dedicated_gpus > 0} if current is not None else set()
+    out = []
+    for m in members:
+        if m.mode is PlacementMode.AUTO and m.name in dedicated:
+            scaling = m.spec.scaling.model_copy(
+                update={"targetUtilization": m.spec.scaling.targetUtilization / (1 + RETURN_MARGIN)}
+            )
+            m = replace(m, spec=m.spec.model_copy(update={"scaling": scaling}))
+        out.append(m)
+    return out
 
 
 def _place(
@@ -229,7 +251,7 @@ def decide_pool_plan(
         notes = {m.name: "no profile yet: served on the pool's first pod until one is measured"
                  for m in members if placement is None or m.name not in {p.name for p in placement.models}}  # fmt: skip
     else:
-        placement, notes = _place(spec, members, rates, memory.placement)
+        placement, notes = _place(spec, held_members(members, memory.placement), rates, memory.placement)
     slots = pod_slots(placement, members)
     on = assign_slots(slots, pods, memory.slots)
     wanted = min(spec.maxPods, max(spec.minPods, len(slots)))
