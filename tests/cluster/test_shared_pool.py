@@ -32,23 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters.triton_stats import ModelStats, delta, parse_model_stats
-from batchfill.api.pool import POOL_PLURAL
-from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.controller.pool_models import DRAIN_S
-from batchfill.render.kube import HTTP_PORT, Owner, names
-from batchfill.render.pool import LOADED, POOL_LABEL, PoolOwner, build_pool_service_monitor, loaded_label
-from batchfill.testbed.balancer import BalancedLoad, ServiceEndpoints
-from batchfill.testbed.install import CLAIM
-from batchfill.testbed.loadgen import grpc_fp32_input
+from batchfill.render.kube import HTTP_PORT
+from batchfill.render.pool import LOADED, PoolOwner, build_pool_service_monitor, loaded_label
 
+from .pool_support import Pool, Sleep, figures, model_doc, models_on, pod_ready, pool_doc, repository_index
 from .shared_agreement import GPU_TOLERANCE, Figures, disagreements, fleet_of, planned, simulated
-from .support import RealNodeLab, real_node_lab, wait_for, write_sleep_model
+from .support import real_node_lab, wait_for, write_sleep_model
 
 pytestmark = pytest.mark.cluster
 #: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.
@@ -67,7 +61,6 @@ OPERATOR_ENV = {
     "BATCHFILL_PROFILE_INTERVAL_SECONDS": "3",
     "BATCHFILL_NAMESPACES": NS,
 }
-NETWORK_OVERHEAD_MS = 20
 #: Pods take: the sandbox, tritonserver's start; then each model's load through the repository API.
 READY_S = 300.0
 #: Poisson rate per model (requests/s) and how long the main load runs.
@@ -77,23 +70,6 @@ RATE_RPS, LOAD_S = 3.0, 75.0
 STEADY_S, STEADY_ATTEMPTS = 45.0, 4
 #: Inside each pool pod (its /dev/shm emptyDir): the lock every model's execution holds, one GPU emulated per pod.
 GPU_LOCK = "/dev/shm/batchfill-gpu.lock"
-
-
-@dataclass(frozen=True)
-class Sleep:
-    """A BatchedModel, the Triton model name it serves, the sleep ``alpha_ms + beta_ms * b`` and its SLA p99."""
-
-    name: str
-    triton: str
-    alpha_ms: float
-    beta_ms: float
-    p99_ms: int
-
-    def profile(self) -> list[dict[str, float]]:
-        """What the profile declares: a little above the sleep (Python-backend overhead)."""
-        return [
-            {"batchSize": b, "latencyMs": round(self.alpha_ms + 1 + (self.beta_ms + 0.2) * b, 1)} for b in (1, 2, 4, 8)
-        ]
 
 
 MODELS = (
@@ -108,110 +84,14 @@ MODELS = (
 GONE = MODELS[2]
 
 
-def model_doc(m: Sleep) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": m.name, "namespace": NS},
-        "spec": {
-            "model": {
-                "name": m.triton,
-                "backend": "python",
-                "repository": {"pvc": {"claimName": CLAIM}},
-                "inputs": [{"name": "INPUT0", "dataType": "TYPE_FP32", "dims": [4]}],
-                "outputs": [{"name": "OUTPUT0", "dataType": "TYPE_FP32", "dims": [4]}],
-            },
-            "sla": {"latencyP99Ms": m.p99_ms, "networkOverheadMs": NETWORK_OVERHEAD_MS},
-            "profile": m.profile(),
-            "profiling": {"minExecutions": 1_000_000},
-            "placement": {"mode": "Shared", "pool": POOL},
-        },
-    }
-
-
-def pool_doc() -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "GPUPool",
-        "metadata": {"name": POOL, "namespace": NS},
-        "spec": {
-            "gpuResource": "nvidia.com/gpu",
-            "gpusPerPod": 1,
-            "gpuMemoryMiB": 16384,
-            "repository": {"pvc": {"claimName": CLAIM}},
-            # the CPU image replaces it (BATCHFILL_TRITON_CPU_IMAGE)
-            "triton": {"image": "nvcr.io/nvidia/tritonserver:24.10-py3"},
-            "minPods": MIN_PODS,
-            "maxPods": MAX_PODS,
-            "maxModelsPerPod": 16,
-        },
-    }
+def shared_doc(m: Sleep) -> dict[str, Any]:
+    return model_doc(m, NS, {"mode": "Shared", "pool": POOL})
 
 
 @dataclass
-class Pool:
-    lab: RealNodeLab
+class SharedPool(Pool):
     #: test_poisson_load_on_all_six_within_their_slas's steady window: (models per serving pod, figures by model)
     steady: tuple[list[list[str]], dict[str, Figures], tuple[float, float]] | None = None
-
-    @property
-    def custom(self) -> Any:
-        return client.CustomObjectsApi(self.lab.kube.api)
-
-    def bm(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
-        return obj
-
-    def gpupool(self) -> dict[str, Any]:
-        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, POOL)
-        return obj
-
-    def delete(self, m: Sleep) -> None:
-        try:
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, m.name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-
-    def pods(self) -> list[Any]:
-        """The pool's pods that are not terminating."""
-        listed = self.lab.kube.core.list_namespaced_pod(NS, label_selector=f"{POOL_LABEL}={POOL}").items
-        return [p for p in listed if p.metadata.deletion_timestamp is None]
-
-    def all_pods(self) -> list[Any]:
-        return list(self.lab.kube.core.list_namespaced_pod(NS, label_selector=f"{POOL_LABEL}={POOL}").items)
-
-    def ready_endpoints(self, m: Sleep) -> list[str]:
-        """Ready addresses of the model's Service (its EndpointSlices)."""
-        discovery = client.DiscoveryV1Api(self.lab.kube.api)
-        service = names(Owner(m.name, NS, ""))["service"]
-        slices = discovery.list_namespaced_endpoint_slice(NS, label_selector=f"kubernetes.io/service-name={service}")
-        return sorted(
-            a
-            for s in slices.items
-            for e in s.endpoints or []
-            if e.conditions is None or e.conditions.ready is not False
-            for a in e.addresses
-        )
-
-    def prometheus_query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"{self.lab.prometheus.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-        with urllib.request.urlopen(url, timeout=5) as r:
-            result: list[dict[str, Any]] = json.loads(r.read())["data"]["result"]
-            return result
-
-
-def repository_index(pod_ip: str) -> dict[str, str]:
-    """``{model: state}`` of ``POST /v2/repository/index`` on the pod's Triton (a versionless model's row wins)."""
-    req = urllib.request.Request(f"http://{pod_ip}:{HTTP_PORT}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=5) as r:
-        rows = json.loads(r.read())
-    states: dict[str, str] = {}
-    for row in rows:
-        state = row.get("state") or "UNAVAILABLE"
-        if states.get(row["name"]) != "READY":
-            states[row["name"]] = state
-    return states
 
 
 def write_models(files: Path) -> None:
@@ -220,21 +100,16 @@ def write_models(files: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
+def pool() -> Iterator[SharedPool]:
     """The cluster with one real node, Prometheus scraping the pool's metrics Service, the operator, the GPUPool."""
     monitor = build_pool_service_monitor(PoolOwner(POOL, NS, ""), interval_s=2)
     with real_node_lab(NS, NODE_GPUS, write_models, [monitor], OPERATOR_ENV, prefix="bf-sp-") as lab:
-        lab.kube.kubectl("wait", "--for=condition=Established", f"crd/{POOL_PLURAL}.{GROUP}", "--timeout=60s")
-        p = Pool(lab)
-        p.custom.create_namespaced_custom_object(GROUP, VERSION, NS, POOL_PLURAL, pool_doc())
+        p = SharedPool(lab, NS, POOL)
+        p.create_gpupool(MIN_PODS, MAX_PODS)
         yield p
 
 
-def _ready(pod: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
-def _placed(pool: Pool) -> dict[str, dict[str, Any]] | None:
+def _placed(pool: SharedPool) -> dict[str, dict[str, Any]] | None:
     """Every model's status.placement once each is on >= 1 pod and its Service has a ready endpoint, else None."""
     out = {}
     for m in MODELS:
@@ -245,31 +120,9 @@ def _placed(pool: Pool) -> dict[str, dict[str, Any]] | None:
     return out
 
 
-def _loads(pool: Pool, models: tuple[Sleep, ...], seed: int) -> list[tuple[Sleep, ServiceEndpoints, BalancedLoad]]:
-    out = []
-    for i, m in enumerate(models):
-        service = names(Owner(m.name, NS, ""))["service"]
-        endpoints = ServiceEndpoints(pool.lab.kube.api, NS, service, "grpc", poll_s=0.25)
-        load = BalancedLoad(m.triton, grpc_fp32_input("INPUT0", [4], seed=seed + i), endpoints.endpoints, seed=seed + i)
-        out.append((m, endpoints, load))
-    return out
-
-
-def _figures(load: BalancedLoad, window: tuple[float, float] | None = None) -> tuple[int, int, float]:
-    """(sent, failed, client p99 ms of the answered), of the requests due in ``window`` (monotonic s) if given."""
-    samples = [s for s in load.samples if window is None or window[0] <= s.due_s < window[1]]
-    answered = [s.latency_ms for s in samples if s.latency_ms is not None]
-    p99 = float(np.percentile(answered, 99)) if answered else float("nan")
-    return len(samples), len(samples) - len(answered), p99
-
-
-def _models_on(pod: Any) -> list[str]:
-    return sorted(k for k, v in (pod.metadata.labels or {}).items() if k.startswith("models.") and v == LOADED)
-
-
-def _all_serving(pool: Pool) -> dict[str, list[str]] | None:
+def _all_serving(pool: SharedPool) -> dict[str, list[str]] | None:
     """{pod: the model labels it carries} when every Ready pool pod carries one, else None."""
-    ready = {p.metadata.name: _models_on(p) for p in pool.pods() if _ready(p)}
+    ready = {p.metadata.name: models_on(p) for p in pool.pods() if pod_ready(p)}
     return ready if ready and all(ready.values()) else None
 
 
@@ -294,11 +147,11 @@ class PoolWatch:
             except Exception:  # an API hiccup: the next sample
                 continue
             now = time.monotonic()
-            ready = [p for p in pods if _ready(p)]
+            ready = [p for p in pods if pod_ready(p)]
             row = (len(pods), len(ready), desired)
             if not self.changes or self.changes[-1][1:] != row:
                 self.changes.append((round(now - t0), *row))
-            idle = {p.metadata.name for p in ready if not _models_on(p)}
+            idle = {p.metadata.name for p in ready if not models_on(p)}
             self._idle_since = {n: self._idle_since.get(n, now) for n in idle}
             for since in self._idle_since.values():
                 self.longest_idle_s = max(self.longest_idle_s, now - since)
@@ -314,7 +167,7 @@ class PoolWatch:
         self._thread.join(timeout=30)
 
 
-def _server_p99(pool: Pool) -> dict[str, float]:
+def _server_p99(pool: SharedPool) -> dict[str, float]:
     """Triton's own p99 request latency per model (ms), from the summary Prometheus scraped; {} if unanswered."""
     promql = f'max by (model) (nv_inference_request_summary_us{{quantile="0.99", namespace="{NS}"}})'
     try:
@@ -329,10 +182,10 @@ def _counts(status: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(status.get(k) for k in ("models", "readyPods", "pods", "desiredPods"))
 
 
-def test_six_models_share_fewer_pods(pool: Pool) -> None:
+def test_six_models_share_fewer_pods(pool: SharedPool) -> None:
     t0 = time.monotonic()
     for m in MODELS:
-        pool.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, model_doc(m))
+        pool.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, shared_doc(m))
     placed = wait_for("every model placed on a pool pod with a ready endpoint", lambda: _placed(pool), READY_S, 2.0)
     took = time.monotonic() - t0
     pods = pool.pods()
@@ -368,7 +221,7 @@ def _pod_stats(pod_ip: str) -> dict[str, Any]:
         return answer
 
 
-def _steady_window(pool: Pool) -> tuple[list[list[str]], dict[str, Figures], tuple[float, float]]:
+def _steady_window(pool: SharedPool) -> tuple[list[list[str]], dict[str, Figures], tuple[float, float]]:
     """Each model's figures over ``STEADY_S`` from Triton's statistics on the pods serving it, in a window whose
     placement held still (the same labels at both ends, no model reloaded); the BatchedModels each serving pod
     carries; and the window (monotonic s). The plan may still move a model when the measured rates cross its
@@ -416,13 +269,13 @@ def _steady_window(pool: Pool) -> tuple[list[list[str]], dict[str, Figures], tup
     raise AssertionError(f"the placement never held still for {STEADY_S} s: {moved}")
 
 
-def test_poisson_load_on_all_six_within_their_slas(pool: Pool) -> None:
+def test_poisson_load_on_all_six_within_their_slas(pool: SharedPool) -> None:
     """Poisson load from cold: the pool was planned at 0 req/s (one pod); once the rates are known the plan grows it.
     Every request of the whole run succeeds, and each model's client p99 is within its SLA in the steady window
     after the plan has reacted. The whole run's p99 is printed beside it: before the pool grows, the six models
     share one emulated GPU, which the plan does not admit at these rates, for the rate window (30 s) plus a pod's
     start."""
-    loads = _loads(pool, MODELS, seed=100)
+    loads = pool.loads(MODELS, seed=100)
     with ExitStack() as stack:
         for _, endpoints, _load in loads:
             stack.enter_context(endpoints)
@@ -447,8 +300,8 @@ def test_poisson_load_on_all_six_within_their_slas(pool: Pool) -> None:
     print(f"  longest a Ready pod served no model: {watch.longest_idle_s:.0f} s; after {LOAD_S:.0f} s: {serving}")
     print(f"  steady window: {window[0] - watch.t0:.0f}-{window[1] - watch.t0:.0f} s, {pool.steady[0]}")
     for m, _, load in loads:
-        sent, failed, p99 = _figures(load)
-        steady_sent, _, steady_p99 = _figures(load, window)
+        sent, failed, p99 = figures(load)
+        steady_sent, _, steady_p99 = figures(load, window)
         total_sent, total_failed = total_sent + sent, total_failed + failed
         s99 = server.get(m.triton)
         print(
@@ -466,17 +319,17 @@ def test_poisson_load_on_all_six_within_their_slas(pool: Pool) -> None:
     assert all(r is not None and RATE_RPS / 2 <= r <= 2 * RATE_RPS for r in rates.values()), rates
 
 
-def test_the_fleet_simulator_agrees_with_the_cluster(pool: Pool) -> None:
+def test_the_fleet_simulator_agrees_with_the_cluster(pool: SharedPool) -> None:
     """The fleet benchmark's code on this fleet at the rates measured in the steady window: as many GPUs as pods
     serving (within one: tests/cluster/shared_agreement.py says why), every model within its SLA there as here; and
     on the cluster's own grouping the simulator admits every model (p99 within its server budget), with each
     model's mean server latency and batch size within the tolerances of tests/cluster/shared_agreement.py."""
     assert pool.steady is not None, "test_poisson_load_on_all_six_within_their_slas did not reach its steady window"
     groups, real, _ = pool.steady
-    docs = [{**model_doc(m), "metadata": {"name": m.name, "namespace": NS, "uid": m.name}} for m in MODELS]
+    docs = [{**shared_doc(m), "metadata": {"name": m.name, "namespace": NS, "uid": m.name}} for m in MODELS]
     fleet = fleet_of(docs)
     rates = {n: real[n].rate_rps for n in fleet.names}
-    run = planned(fleet, rates, float(pool_doc()["spec"]["gpuMemoryMiB"]), seed=1)
+    run = planned(fleet, rates, float(pool_doc(POOL, NS, MIN_PODS, MAX_PODS)["spec"]["gpuMemoryMiB"]), seed=1)
     placement = run.placements[0]
     sim = simulated(fleet, groups, rates, seed=7)
     print(f"\ncluster: {len(groups)} pods serving {groups}")
@@ -499,9 +352,9 @@ def test_the_fleet_simulator_agrees_with_the_cluster(pool: Pool) -> None:
     assert not bad, bad
 
 
-def test_a_deleted_model_is_unloaded_from_every_pod_while_the_others_serve(pool: Pool) -> None:
+def test_a_deleted_model_is_unloaded_from_every_pod_while_the_others_serve(pool: SharedPool) -> None:
     others = tuple(m for m in MODELS if m != GONE)
-    loads = _loads(pool, others, seed=200)
+    loads = pool.loads(others, seed=200)
     with ExitStack() as stack:
         for _, endpoints, _load in loads:
             stack.enter_context(endpoints)
@@ -526,7 +379,7 @@ def test_a_deleted_model_is_unloaded_from_every_pod_while_the_others_serve(pool:
     print(f"\n{GONE.name} deleted: {GONE.triton} {states} on every pod after {took:.1f} s (bound {bound:.0f} s)")
     failures = []
     for m, _, load in loads:
-        sent, failed, p99 = _figures(load)
+        sent, failed, p99 = figures(load)
         print(f"  {m.name}: {sent} sent, {failed} failed, client p99 {p99:.1f} ms")
         if failed or not sent:
             failures.append((m.name, sent, failed))
@@ -540,7 +393,7 @@ def test_a_deleted_model_is_unloaded_from_every_pod_while_the_others_serve(pool:
     assert gpupool["models"] == len(others)
 
 
-def test_with_no_model_left_the_pool_goes_to_min_pods(pool: Pool) -> None:
+def test_with_no_model_left_the_pool_goes_to_min_pods(pool: SharedPool) -> None:
     t0 = time.monotonic()
     for m in MODELS:
         pool.delete(m)
