@@ -46,9 +46,10 @@ tools:
 	scripts/build-fake-gpu-plugin.sh
 
 # The whole test suite: unit, property, static checks (ruff, mypy, import-linter run as tests), the
-# component tests against the real tritonserver, and the cluster tests against the real control plane.
+# component tests against the real tritonserver, and the cluster tests against the real control plane; the 40
+# slowest tests are listed at the end (CI's time budget is 90 minutes).
 test: $(STAMP) tools
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=40
 
 # The main job: local control plane with a real node (kubelet + containerd, fake GPUs from a device plugin),
 # the operator, the example BatchedModel served by its real Triton pods under Poisson load through the Service,

@@ -287,7 +287,10 @@ def test_poisson_load_on_all_six_within_their_slas(pool: SharedPool) -> None:
         serving = wait_for("every Ready pool pod serving a model", lambda: _all_serving(pool), 30, 1.0)
         pool.steady = _steady_window(pool)
         # the load still on: each shared model's own signals, read by the pool loop over its copies
-        observed = {m.name: (pool.bm(m.name).get("status") or {}).get("observed") or {} for m in MODELS}
+        statuses = {m.name: pool.bm(m.name).get("status") or {} for m in MODELS}
+        observed = {n: s.get("observed") or {} for n, s in statuses.items()}
+        metrics = {n: [(c["status"], c["reason"]) for c in s.get("conditions") or [] if c["type"] == "MetricsAvailable"]
+                   for n, s in statuses.items()}  # fmt: skip
         for _, _, load in loads:
             load.stop()
     server = _server_p99(pool)
@@ -317,6 +320,7 @@ def test_poisson_load_on_all_six_within_their_slas(pool: SharedPool) -> None:
     assert not bad, bad
     rates = {n: o.get("requestRate") for n, o in observed.items()}
     assert all(r is not None and RATE_RPS / 2 <= r <= 2 * RATE_RPS for r in rates.values()), rates
+    assert all(v == [("True", "SignalsOk")] for v in metrics.values()), metrics  # the pool loop's, from its copies
 
 
 def test_the_fleet_simulator_agrees_with_the_cluster(pool: SharedPool) -> None:

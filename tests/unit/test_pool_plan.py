@@ -98,6 +98,23 @@ def test_a_model_that_fills_gpus_keeps_them_on_the_pool_when_shared_and_leaves_w
     assert plan.pods == min(SPEC.maxPods, len(plan.slots))
 
 
+def test_a_shared_gpu_that_holds_only_a_graduated_auto_models_residual_is_no_slot() -> None:
+    """Its own replicas carry all of its load: a pool pod for its residual would serve nothing."""
+    ms = [m for _, m, _ in members(("a", 5.0, "Shared"), ("auto", 150.0, "Auto"))]
+    plan = decide_pool_plan(SPEC, ms, [f"p{i}" for i in range(4)], PoolPlanMemory(), T0)
+    assert plan.placement is not None
+    auto = plan.placement.model("bm-auto")
+    assert auto.dedicated_gpus >= 1
+    assert auto.shared_gpu is not None  # the plan packed its residual ...
+    alone = [g.gpu_id for g in plan.placement.shared if g.tenants == ("bm-auto",)]
+    assert alone == [auto.shared_gpu]  # ... on a GPU of its own
+    assert plan.slots == (("gpu", plan.placement.model("bm-a").shared_gpu),)  # ... which is no pod
+    assert plan.pods == 1
+    only = decide_pool_plan(SPEC, ms[1:], ["p0"], PoolPlanMemory(), T0)
+    assert only.slots == ()
+    assert only.pods == SPEC.minPods
+
+
 def test_an_auto_model_on_its_own_replicas_comes_back_only_once_clearly_below_one_gpu() -> None:
     def at(rate: float, memory: PoolPlanMemory, now: float) -> Any:
         ms = [m for _, m, _ in members(("auto", rate, "Auto"), ("a", 5.0, "Shared"))]
@@ -265,9 +282,39 @@ def test_a_shared_models_observed_signals_come_from_its_copies_and_unknown_remov
     unknown = ModelSignals(SignalState.UNKNOWN, reason="PrometheusUnavailable")
     ms[0][0]["status"] = {**ms[0][0]["status"], **a.status}
     again = member_writes(ms, plan, pods, now=T0 + 5, signals={"bm-a": unknown})
-    assert again[0].status == {"observed": None}
+    assert set(again[0].status) == {"observed", "conditions"}
+    assert again[0].status["observed"] is None
+    assert _condition(again[0].status, "MetricsAvailable")[:2] == ("False", "PrometheusUnavailable")
     held = member_writes(ms, plan, pods, now=T0 + 5, signals=None)  # no signal source: left as stored
     assert "observed" not in held[0].status
+
+
+def _condition(status: dict[str, Any], type_: str) -> tuple[str, str, str]:
+    found = next(c for c in status["conditions"] if c["type"] == type_)
+    return found["status"], found["reason"], found["message"]
+
+
+def test_a_shared_models_metrics_and_failing_requests_conditions_come_from_its_copies() -> None:
+    """MetricsAvailable and RequestsFailing of a shared model, from the signals over its copies (it has no scaling
+    loop to set them): failures on its copies set RequestsFailing True with the rate, success sets it False."""
+    ms = members(("a", 5.0, "Shared"), ("b", 5.0, "Shared"))
+    plan = decide_pool_plan(SPEC, [m for _, m, _ in ms], ["p0"], PoolPlanMemory(), T0)
+    pods = [pod("p0", "bm-a", "bm-b")]
+    failing = ModelSignals(SignalState.OK, pods=1, request_rate_rps=1.0, failure_rate_rps=3.0)
+    ok = ModelSignals(SignalState.OK, pods=1, request_rate_rps=4.0, failure_rate_rps=0.0)
+    a, b = member_writes(ms, plan, pods, now=T0, signals={"bm-a": failing, "bm-b": ok})
+    assert _condition(a.status, "MetricsAvailable") == ("True", "SignalsOk", "1 pool copies reporting")
+    status, reason, message = _condition(a.status, "RequestsFailing")
+    assert (status, reason) == ("True", "RequestsFailing")
+    assert message.startswith("3 failed requests/s, 75% of all requests")
+    assert "RequestsFailing" not in {c["type"] for c in b.status["conditions"]}  # never failed: no condition
+    ms[0][0]["status"] = {**ms[0][0]["status"], **a.status}
+    (recovered, _) = member_writes(ms, plan, pods, now=T0 + 5, signals={"bm-a": ok})
+    assert _condition(recovered.status, "RequestsFailing")[:2] == ("False", "RequestsSucceeding")
+    ms[0][0]["status"] = {**ms[0][0]["status"], **recovered.status}
+    (gone, _) = member_writes(ms, plan, pods, now=T0 + 10, signals={})
+    assert _condition(gone.status, "MetricsAvailable") == ("False", "NoData", "no pool copy serves it this tick")
+    assert _condition(gone.status, "RequestsFailing")[0] == "False"  # unknown now: the stored one stays
 
 
 def test_a_member_leaving_the_pool_has_its_copies_counts_zeroed_with_its_new_placement_in_one_patch() -> None:

@@ -170,11 +170,16 @@ def _place(
 
 
 def pod_slots(placement: Placement | None, members: Sequence[Member]) -> tuple[Slot, ...]:
-    """The pool's slots: its shared GPUs by gpu_id, then each Shared-mode model's dedicated GPUs (by name)."""
+    """The pool's slots: its shared GPUs by gpu_id, then each Shared-mode model's dedicated GPUs (by name).
+
+    An Auto model that fills a GPU leaves for replicas of its own, which carry all of its load (its scaling loop
+    sizes them): the shared GPU the plan gave its residual is no slot unless another model stays on it, or the pool
+    would hold a GPU that serves nothing."""
     if placement is None:
         return (("gpu", 0),) if members else ()
-    shared: list[Slot] = [("gpu", g.gpu_id) for g in placement.shared]
     modes = {m.name: m.mode for m in members}
+    leaving = {p.name for p in placement.models if modes.get(p.name) is PlacementMode.AUTO and p.dedicated_gpus > 0}
+    shared: list[Slot] = [("gpu", g.gpu_id) for g in placement.shared if set(g.tenants) - leaving]
     own: list[Slot] = [
         ("own", p.name, k)
         for p in placement.models
@@ -182,7 +187,7 @@ def pod_slots(placement: Placement | None, members: Sequence[Member]) -> tuple[S
         for k in range(p.dedicated_gpus)
     ]
     slots = shared + own
-    return tuple(slots) if slots or not members else (("gpu", 0),)
+    return tuple(slots) if slots or not set(modes) - leaving else (("gpu", 0),)
 
 
 def assign_slots(slots: Sequence[Slot], pods: Sequence[str], previous: Mapping[Slot, str]) -> dict[Slot, str]:

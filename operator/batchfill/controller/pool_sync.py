@@ -31,8 +31,9 @@ from batchfill.api.pool import GPUPoolSpec
 from batchfill.api.spec import BatchedModelSpec, PlacementSpec, ProfilePoint
 from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.pool_plan import Member, PoolPlan
-from batchfill.controller.shared_status import shared_status
+from batchfill.controller.shared_status import pooled_conditions, shared_status
 from batchfill.controller.status import changed_fields, observed_status
+from batchfill.policy import conditions as cond
 from batchfill.policy.conditions import rfc3339
 from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB
 from batchfill.policy.placement_status import placement_status
@@ -149,7 +150,12 @@ def member_writes(
         shared = placed["mode"] == "Shared"
         wanted: dict[str, Any] = shared_status(body, desired, placed, now=now) if shared else {"placement": placed}
         if shared and signals is not None:
-            wanted["observed"] = observed_status(signals[m.name]) if m.name in signals else None
+            pooled = signals.get(m.name)
+            wanted["observed"] = observed_status(pooled) if pooled is not None else None
+            wanted["conditions"] = cond.apply_conditions(
+                wanted.get("conditions"), pooled_conditions(pooled, wanted.get("conditions")),
+                generation=body["metadata"].get("generation"), now=now,
+            )  # fmt: skip
         if not shared and stored.get("mode") == "Shared":
             # its replica counts were its pool copies': the pool keeps a copy until readyReplicas counts one of its
             # own Ready, so a stale count must not outlive the move (the re-apply below writes the real one)

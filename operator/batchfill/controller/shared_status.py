@@ -10,12 +10,17 @@ pool loop. The handlers and the pool loop both write it through :func:`shared_st
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from batchfill.api.reasons import ConditionReason, ConditionType
 from batchfill.api.spec import PlacementMode
+from batchfill.api.status import ConditionStatus
 from batchfill.controller.desired import Desired
 from batchfill.controller.status import desired_status
+from batchfill.policy import conditions as cond
+from batchfill.policy.scaling import FAILURE_FRACTION
+from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render.kube import CONFIG_HASH_ANNOTATION
 
 
@@ -87,3 +92,41 @@ def shared_status(
     if where:
         out["placement"] = where
     return out
+
+
+def pooled_conditions(
+    signals: ModelSignals | None, stored: Sequence[Mapping[str, Any]] | None
+) -> list[cond.ConditionUpdate]:
+    """A shared model's MetricsAvailable and RequestsFailing from the signals over its pool copies (None: it has
+    no copy this tick). The model has no scaling decision of its own (the pool's plan sizes its copies), so these
+    are what :func:`batchfill.controller.status.scaling_conditions` and ``requests_failing_conditions`` say for a
+    dedicated model, read from the signals: RequestsFailing True from ``FAILURE_FRACTION`` of the window's requests
+    failing, False once they stop (only if it was there), none while the signals are unknown."""
+    if signals is None or signals.state == SignalState.UNKNOWN:
+        why = "no pool copy serves it this tick" if signals is None else (signals.message or "no usable signals")
+        reason = ConditionReason.NO_DATA if signals is None else (signals.reason or ConditionReason.NO_DATA)
+        return [cond.ConditionUpdate(ConditionType.METRICS_AVAILABLE, ConditionStatus.FALSE, reason, why)]
+    idle = signals.state == SignalState.IDLE
+    updates = [
+        cond.ConditionUpdate(
+            ConditionType.METRICS_AVAILABLE,
+            ConditionStatus.TRUE,
+            ConditionReason.IDLE if idle else ConditionReason.SIGNALS_OK,
+            f"{signals.pods} pool copies reporting" + (", no traffic" if idle else ""),
+        )
+    ]
+    fraction = signals.failure_fraction
+    failed = f"{signals.failure_rate_rps or 0:.3g} failed requests/s"
+    if fraction is not None and fraction >= FAILURE_FRACTION:
+        updates.append(cond.ConditionUpdate(
+            ConditionType.REQUESTS_FAILING,
+            ConditionStatus.TRUE,
+            ConditionReason.REQUESTS_FAILING,
+            f"{failed}, {fraction:.0%} of all requests on its pool copies (nv_inference_request_failure); see the "
+            "pool pods' Triton log for the cause",
+        ))  # fmt: skip
+    elif cond.find(stored, ConditionType.REQUESTS_FAILING) is not None:
+        updates.append(cond.ConditionUpdate(
+            ConditionType.REQUESTS_FAILING, ConditionStatus.FALSE, ConditionReason.REQUESTS_SUCCEEDING, failed
+        ))  # fmt: skip
+    return updates
