@@ -92,10 +92,12 @@ def test_a_recursive_alias_is_refused_by_name(docs: ModuleType) -> None:
 
 def test_a_big_flat_file_is_refused_at_the_bound(docs: ModuleType) -> None:
     """A 1 MiB list of 500,000 values: the composer stops at the bound (the whole list took 13 s to build before it
-    was refused). CPU time: the machine is shared; pure-Python parsing is slower."""
+    was refused). CPU time, and bounds far above the 0.9 s (libyaml) and 4.7 s (pure Python) it takes on an idle
+    machine: on a shared one a busy neighbour slows even CPU time (over 2 s seen with libyaml), and the bound is there
+    to tell "stopped at the bound" from "built the whole list", not to time the parser."""
     start = time.process_time()
     assert "expands to more than 100,000 values" in _refusal(docs, "[" + "1," * 500_000 + "1]")
-    assert time.process_time() - start < (2 if docs._Events.__module__ == "yaml._yaml" else 10)
+    assert time.process_time() - start < (6 if docs._Events.__module__ == "yaml._yaml" else 30)
 
 
 def test_at_most_max_documents(docs: ModuleType) -> None:
