@@ -44,6 +44,13 @@ def test_auto_below_one_gpu_is_shared_with_its_share_and_the_gpus_headroom() -> 
     assert "simulated p99 30 ms of 50" in s.message
 
 
+def test_a_model_without_load_yet_has_no_simulated_p99_in_its_message() -> None:
+    idle = replace(PLAN, models=(replace(PLAN.models[0], rate_rps=0.0, design_rate_rps=0.0, shared_rate_rps=0.0),))
+    s = placement_status("a", AUTO, idle)
+    assert s.message == "no load yet (0 req/s of 100 one GPU serves at its SLA); p99 target 50 ms"
+    assert s.gpuShare == 0
+
+
 def test_auto_filling_gpus_is_dedicated() -> None:
     s = placement_status("c", AUTO, PLAN)
     assert (s.mode, s.reason, s.gpuShare, s.planHeadroom) == (

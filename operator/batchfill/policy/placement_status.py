@@ -75,10 +75,15 @@ def placement_status(
     reason = (
         PlacementReason.SHARED_BY_SPEC if spec.mode is PlacementMode.SHARED else PlacementReason.SHARED_BELOW_ONE_GPU
     )
-    message = (
-        f"{m.shared_rate_rps:.4g} req/s of {m.capacity_rps:.4g} one GPU serves at its SLA; "
-        f"simulated p99 {m.p99_ms:.4g} ms of {m.target_ms:.4g}"
-    )
+    if m.shared_rate_rps > 0:
+        message = (
+            f"{m.shared_rate_rps:.4g} req/s of {m.capacity_rps:.4g} one GPU serves at its SLA; "
+            f"simulated p99 {m.p99_ms:.4g} ms of {m.target_ms:.4g}"
+        )
+    else:  # a p99 of 0 ms simulated without a request is no figure: say there is no load to judge yet
+        message = (
+            f"no load yet (0 req/s of {m.capacity_rps:.4g} one GPU serves at its SLA); p99 target {m.target_ms:.4g} ms"
+        )
     return PlacementStatus(mode="Shared", pool=spec.pool, pods=listed, podCount=count, gpuShare=share,
                            planHeadroom=headroom, reason=reason, message=message, since=since)  # fmt: skip
 
