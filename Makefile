@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing the Python packages into $(VENV) (first time: a few minutes; tritonserver's wheel is ~1 GB)"
+	@echo "installing the Python packages into $(VENV) (first time: 1-3 minutes; the virtualenv takes ~1.1 GB)"
 	$(BIN)/python -m pip install -q --upgrade pip
 	# dev: the base, the simulate and testbed extras (matplotlib; tritonserver, onnxruntime) and the test tools.
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -37,7 +37,8 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 # The real Kubernetes control plane (etcd, kube-apiserver, scheduler, controller-manager, kubectl, kwok) and
-# helm, built from Go modules into ~/.cache/batchfill/k8s (outside the repo; rebuilt only when missing).
+# helm, built from Go modules into ${BATCHFILL_K8S_CACHE:-~/.cache/batchfill/k8s} (outside the repo; rebuilt only
+# when missing).
 # A cold build takes 15-25 minutes on 2 cores (917 s idle, 1,502 s on a busy machine). The fake-GPU device plugin (tools/fake-gpu-plugin/) is
 # rebuilt there whenever its source changes (seconds).
 tools:

@@ -12,6 +12,7 @@ environment failure (still one line, never a traceback).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -376,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Columns of output written to a pipe or a file when COLUMNS is not set (a terminal's own width is used as is).
+PIPED_WIDTH = 160
+
+
 def entry() -> None:
     """The ``batchfill`` console script and ``python -m batchfill.cli``: :func:`main` with SIGPIPE at its default.
 
@@ -393,8 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # --help and usage errors exit here, before rich is imported
     from rich.console import Console
 
-    out = Console(soft_wrap=True)
-    err = Console(stderr=True, soft_wrap=True)
+    # piped (`| tee log`, CI) and no COLUMNS: rich would cut every table at 80 columns ("text-r…"); a pipe has no
+    # width, so give the tables room
+    piped = None if os.environ.get("COLUMNS") else PIPED_WIDTH
+    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else piped)
+    err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else piped)
     if getattr(args, "rps", None) is not None and not (args.rps >= 0 and args.rps != float("inf")):
         err_line(err, f"--rps={args.rps} must be a finite number >= 0")
         return EXIT_USAGE

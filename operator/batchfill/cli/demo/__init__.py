@@ -218,7 +218,8 @@ def _install_and_run_operator(
         OPERATOR_STOP_GRACE_S + OPERATOR_KILL_WAIT_S,
     )
     console.log(
-        f"operator running as ServiceAccount {OPERATOR_NS}/{OPERATOR_SA} (pid {operator.pid}, log {operator_log})"
+        f"operator running as ServiceAccount {OPERATOR_NS}/{OPERATOR_SA} (pid {operator.pid}, log {operator_log}: "
+        "removed with the demo's folder when it ends, kept while --keep runs)"
     )
     return operator
 
