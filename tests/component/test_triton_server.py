@@ -260,8 +260,10 @@ def test_loadgen_sustains_300_rps_without_being_the_bottleneck(triton: LocalTrit
     # run): up to three 10 s runs, judged on the first one whose sender was on time by the end and whose round
     # trips kept the bound. A sender slower than 300/s falls further behind with every request (0.1 s per 2 %
     # it lacks, by the end of 10 s), on all three runs; one stalled by a neighbour catches up.
+    runs = [calibration]
     for attempt in range(1, 4):
         r = run_poisson(triton.grpc_url, name, make, 300, duration_s=10, seed=7)
+        runs.append(r)
         late_at_end_ms = float(np.median(r.send_lag_ms[-len(r.send_lag_ms) // 10 :]))
         print(f"attempt {attempt}: {r.summary()}; send lag over the last second {late_at_end_ms:.2f} ms (median); "
               f"allowed p99 {allowed_p99_ms:.2f} ms")  # fmt: skip
@@ -274,7 +276,9 @@ def test_loadgen_sustains_300_rps_without_being_the_bottleneck(triton: LocalTrit
     assert r.p99_ms <= allowed_p99_ms, f"p99 {r.p99_ms:.2f} ms at 300/s, {calibration.p99_ms:.2f} ms at 100/s"
     server_p99 = summary_quantile_ms(triton.metrics_text(), name)
     assert server_p99 is not None
-    assert server_p99 <= r.p99_ms + 1.0  # the server sees less than the client
+    # the server sees less than the client; its summary covers every run so far (the calibration and each attempt),
+    # so it is held to the slowest of them, not to the last attempt (CI: 12.7 ms against the third attempt's 5.9)
+    assert server_p99 <= max(x.p99_ms for x in runs) + 1.0
 
 
 # --- lifecycle: failure reporting and cleanup (own servers, not the module's) -------------------------

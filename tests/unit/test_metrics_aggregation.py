@@ -49,6 +49,7 @@ def results(
     p99_us: Mapping[str, float] | None = None,
     pending: Mapping[str, float] | None = None,
     failures: Mapping[str, float] | None = None,
+    pending_min: Mapping[str, float] | None = None,
 ) -> QueryResults:
     """Per pod (or full (namespace, pod, model) key): (Δsuccess, Δinference_count, Δexec_count, Δqueue_us)."""
 
@@ -66,6 +67,7 @@ def results(
         queue_us=cols[3],
         p99_us={key(p): v for p, v in (p99_us or {}).items()},
         pending={key(p): v for p, v in (pending or {}).items()},
+        pending_min={key(p): v for p, v in (pending_min or {}).items()},
         failures={key(p): v for p, v in (failures or {}).items()},
     )
 
@@ -219,10 +221,20 @@ def test_c11_idle_ignores_a_stale_p99_and_reports_pending() -> None:
     assert s.pending_requests == 0
 
 
-def test_zero_completions_with_pending_requests_is_stalled_not_idle() -> None:
-    s = one(target(), results({"p1": (0, 0, 0, 0)}, pending={"p1": 7}))
+def test_zero_completions_with_requests_pending_all_the_window_is_stalled_not_idle() -> None:
+    s = one(target(), results({"p1": (0, 0, 0, 0)}, pending={"p1": 7}, pending_min={"p1": 2}))
     assert s.state is SignalState.UNKNOWN
     assert s.reason == SignalsReason.STALLED
+    assert "pending all of it (7 now)" in s.message
+
+
+@pytest.mark.parametrize("low", [{"p1": 0}, {}], ids=["none-pending-at-some-point", "no-series"])
+def test_zero_completions_of_requests_that_just_came_are_in_flight_not_stalled(low: dict[str, float]) -> None:
+    """A load that starts: the first requests are pending at the scrape, none has completed yet (test_demo_real saw
+    'Stalled' and its Warning at the first tick of its load)."""
+    s = one(target(), results({"p1": (0, 0, 0, 0)}, pending={"p1": 4}, pending_min=low))
+    assert s.state is SignalState.UNKNOWN
+    assert s.reason == SignalsReason.REQUESTS_IN_FLIGHT
 
 
 # -- C12: empty or failed is Unknown, never zero (docs/field-cases.md#missing-metrics) -----------------------------
@@ -397,7 +409,11 @@ def test_promql_duration_rejects(bad: float) -> None:
 def test_queries_cover_all_targets_once_and_escape_regex() -> None:
     ts = [target(ns="a", model="resnet.v1"), target(ns="b", model="m+x"), target(ns="a", model="resnet.v1", name="2")]
     q = build_queries(ts, 30)
-    assert len(q) == 7
+    assert len(q) == 8
+    assert q["pending_min"].startswith(
+        "sum by (namespace, pod, model) (min_over_time(nv_inference_pending_request_count{"
+    )
+    assert q["pending_min"].endswith("[30s]))")
     assert '{model=~"m\\\\+x|resnet\\\\.v1",namespace=~"a|b"}' in q["success"]
     assert "[30s]" in q["success"]
     with pytest.raises(ValueError, match="no targets"):
@@ -514,7 +530,7 @@ def test_fetch_ok_one_query_per_signal_at_one_instant(stub: Any) -> None:
     assert s.pending_requests == 1
     assert s.failure_rate_rps == pytest.approx(0.5)
     assert out[("ml", "empty")].reason == SignalsReason.NO_READY_PODS
-    assert len(seen) == 7
+    assert len(seen) == 8
     assert {p["time"][0] for p in seen} == {"1700000000.000"}
     assert {p["timeout"][0] for p in seen} == {"2s"}
 

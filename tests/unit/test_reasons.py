@@ -93,6 +93,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "NO_READY_PODS": "NoReadyPods",
         "INVALID_VALUE": "InvalidValue",
         "STALLED": "Stalled",
+        "REQUESTS_IN_FLIGHT": "RequestsInFlight",
     },
     PlanWarningReason: {"VARIABLE_SHAPE_INPUT": "VariableShapeInput", "MAX_BATCH_SIZE_CAPPED": "MaxBatchSizeCapped"},
     ConditionReason: {

@@ -39,15 +39,19 @@ States (decisions on edge cases):
 * A pod *counts* when all four counter series (success, inferences, executions, queue) are present for it.
   ``increase`` needs two samples in the window, so a pod scraped once so far does not count yet.
 * ``Unknown/NoReadyPods``: the target has no Ready pod (checked first: no query result can help).
-* ``Unknown/PrometheusUnavailable|PrometheusTimeout|PrometheusError``: any of the seven queries failed (connection
+* ``Unknown/PrometheusUnavailable|PrometheusTimeout|PrometheusError``: any of the eight queries failed (connection
   refused or HTTP 503 / timeout, client- or server-side / any other HTTP error or malformed answer). Every target
   gets it: one Prometheus answers all queries, so partial answers are not mixed.
 * ``Unknown/NoSeries``: no Ready pod of the target has the four counter series (not scraped, wrong labels,
   another namespace). Missing data is never zero load (docs/field-cases.md#missing-metrics).
 * ``Unknown/InvalidValue``: NaN, ±Inf or a negative value in a counted pod's counter increase, or ±Inf or a
   negative value in its p99 or pending sample. Series of pods that do not count are not inspected.
-* ``Unknown/Stalled``: no request succeeded or failed in the window while requests are pending: the server
-  completes nothing, which is neither idle nor a measurable load; the policy holds.
+* ``Unknown/Stalled``: no request succeeded or failed in the window while requests were pending all of it
+  (``min_over_time`` of the pending gauge > 0): the server completes nothing, which is neither idle nor a
+  measurable load; the policy holds.
+* ``Unknown/RequestsInFlight``: requests pending now, none completed in the window, and not pending all of it:
+  the first requests of a load that just started (a first execution can take seconds); the policy holds and it
+  is no outage (no Warning).
 * ``Idle``: series present, Σ Δsuccess = Σ Δfailure = 0 and nothing pending (docs/field-cases.md#no-traffic).
   Rates are 0;
   average batch size, batch fill, queue time and p99 are ``None`` (no request was served in the window, so
@@ -66,7 +70,7 @@ States (decisions on edge cases):
   needed for a pod to count).
 
 :class:`PrometheusSignals` is the thin HTTP part (``prometheus-api-client``'s ``PrometheusConnect``, without its
-pandas features): it evaluates the seven queries at one instant and hands the results to :func:`aggregate`.
+pandas features): it evaluates the eight queries at one instant and hands the results to :func:`aggregate`.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ COUNTERS: dict[str, str] = {
 P99_METRIC = "nv_inference_request_summary_us"  # µs, quantile label
 PENDING_METRIC = "nv_inference_pending_request_count"  # gauge, requests
 FAILURE_METRIC = "nv_inference_request_failure"  # counter, requests (one series per failure reason)
-SIGNALS = (*COUNTERS, "p99_us", "pending", "failures")
+SIGNALS = (*COUNTERS, "p99_us", "pending", "pending_min", "failures")
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ class SignalTarget:
 
 @dataclass(frozen=True)
 class QueryResults:
-    """Parsed answers of the seven queries, each ``{(namespace, pod, model): value}``.
+    """Parsed answers of the eight queries, each ``{(namespace, pod, model): value}``.
 
     Counter values are increases over the window (``success``/``executions``/``inferences``/``failures`` in counts,
     ``queue_us`` in µs); ``p99_us`` is in µs; ``pending`` in requests. Values may be NaN or ±Inf as Prometheus
@@ -141,6 +145,8 @@ class QueryResults:
     queue_us: Mapping[SeriesKey, float] = field(default_factory=dict)
     p99_us: Mapping[SeriesKey, float] = field(default_factory=dict)
     pending: Mapping[SeriesKey, float] = field(default_factory=dict)
+    #: the least each series pending count was over the window (``min_over_time``), requests
+    pending_min: Mapping[SeriesKey, float] = field(default_factory=dict)
     failures: Mapping[SeriesKey, float] = field(default_factory=dict)
 
 
@@ -194,7 +200,7 @@ def series_selector(targets: Iterable[SignalTarget], extra: str = "") -> str:
 
 
 def build_queries(targets: Iterable[SignalTarget], window_s: float) -> dict[str, str]:
-    """The seven PromQL queries (signal name -> query text) for all ``targets`` over ``window_s`` seconds."""
+    """The eight PromQL queries (signal name -> query text) for all ``targets`` over ``window_s`` seconds."""
     ts = list(targets)
     if not ts:
         raise ValueError("no targets")
@@ -204,6 +210,7 @@ def build_queries(targets: Iterable[SignalTarget], window_s: float) -> dict[str,
     p99_sel = series_selector(ts, 'quantile="0.99"')
     queries["p99_us"] = f"max by ({GROUP_BY}) ({P99_METRIC}{p99_sel})"
     queries["pending"] = f"sum by ({GROUP_BY}) ({PENDING_METRIC}{sel})"
+    queries["pending_min"] = f"sum by ({GROUP_BY}) (min_over_time({PENDING_METRIC}{sel}[{w}]))"
     queries["failures"] = f"sum by ({GROUP_BY}) (increase({FAILURE_METRIC}{sel}[{w}]))"
     return queries
 
@@ -252,7 +259,7 @@ def _fmt(x: float | None, unit: str = "", digits: int = 1) -> str:
 def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) -> ModelSignals:
     """The :class:`ModelSignals` of one target from parsed query results (see the module docstring).
 
-    Long because each empty, NaN and multi-series case of the seven queries is spelled out in turn, as KEDA's
+    Long because each empty, NaN and multi-series case of the eight queries is spelled out in turn, as KEDA's
     Prometheus scaler does.
     """
     w = window_s
@@ -307,9 +314,19 @@ def aggregate_one(target: SignalTarget, results: QueryResults, window_s: float) 
     failure_rate = None if failures is None else failures / w
     if success == 0 and not failures:
         if pending:
+            lows = [results.pending_min[k] for k in counted if k in results.pending_min]
+            if lows and all(math.isfinite(x) for x in lows) and sum(lows) > 0:
+                return ModelSignals.unknown(
+                    SignalsReason.STALLED,
+                    f"{where}: no request completed in {promql_duration(w)} while requests were pending all of it "
+                    f"({pending:g} now)",
+                    w,
+                )
+            # a load that just started: its first requests have not completed yet (a first batch can take seconds)
             return ModelSignals.unknown(
-                SignalsReason.STALLED,
-                f"{where}: no request completed in {promql_duration(w)} but {pending:g} are pending",
+                SignalsReason.REQUESTS_IN_FLIGHT,
+                f"{where}: {pending:g} requests pending, none completed in {promql_duration(w)} yet, and none pending "
+                "all of it: no rate to read yet",
                 w,
             )
         return ModelSignals(
@@ -358,7 +375,7 @@ def aggregate(
 ) -> dict[TargetKey, ModelSignals]:
     """``{(namespace, BatchedModel name): ModelSignals}`` for every target; pure (no I/O, no clock).
 
-    ``results`` is what the seven queries returned, or the :class:`QueryFailure` that stopped them (then every
+    ``results`` is what the eight queries returned, or the :class:`QueryFailure` that stopped them (then every
     target is Unknown with its reason). ``window_s`` is the ``increase`` window the queries used, in seconds.
     """
     out: dict[TargetKey, ModelSignals] = {}
@@ -434,11 +451,11 @@ class PrometheusSignals:
         self.window_s = float(window_s)
         self.timeout_s = float(timeout_s)
         self._prom = PrometheusConnect(url=self.url, retry=Retry(total=0, redirect=0), timeout=timeout_s)
-        # the seven queries run side by side: a pass waits for the slowest, not for their sum
+        # the eight queries run side by side: a pass waits for the slowest, not for their sum
         self._pool = ThreadPoolExecutor(max_workers=len(SIGNALS), thread_name_prefix="batchfill-prometheus")
 
     def query_all(self, targets: Iterable[SignalTarget], at: float | None = None) -> QueryResults | QueryFailure:
-        """Run the seven queries at one instant (``at``, Unix seconds; now by default), concurrently; the first
+        """Run the eight queries at one instant (``at``, Unix seconds; now by default), concurrently; the first
         failure in :data:`SIGNALS` order is the answer."""
         queries = build_queries(targets, self.window_s)
         params = {"time": f"{time.time() if at is None else at:.3f}", "timeout": promql_duration(self.timeout_s)}

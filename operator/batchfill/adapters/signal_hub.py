@@ -1,9 +1,9 @@
 """One set of Prometheus queries per tick for every BatchedModel: one query per signal for all models, not per model.
 
 The scaling loop (controller.loops.ScalingLoop) marks each pass (:meth:`SignalHub.new_pass`) and then asks for each
-model in turn; the first request of a pass runs the seven queries for every model the hub knows, the others reuse
+model in turn; the first request of a pass runs the eight queries for every model the hub knows, the others reuse
 those answers (for at most ``max_age_s``) and only aggregate their own Ready pods (pure). A model the query set
-did not cover (new, or its namespace/model name changed) gets the seven queries for itself alone, merged in: a
+did not cover (new, or its namespace/model name changed) gets the eight queries for itself alone, merged in: a
 fleet of 1,000 new models is 1,000 small query sets once, not 1,000 query sets over every model.
 """
 

@@ -111,6 +111,9 @@ class SignalsReason(StrEnum):
     NO_READY_PODS = "NoReadyPods"
     INVALID_VALUE = "InvalidValue"
     STALLED = "Stalled"
+    #: requests pending now, none completed in the window, and not pending throughout it: they just came (the first
+    #: ones of a load that starts), so neither a stall nor a rate yet
+    REQUESTS_IN_FLIGHT = "RequestsInFlight"
 
 
 class PlanWarningReason(StrEnum):

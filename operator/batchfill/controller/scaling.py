@@ -390,7 +390,11 @@ def _scale_events(
         # once per outage: Prometheus trouble is a Warning; pods not scraped yet are expected: a Normal event when
         # a model that had metrics loses them, none for a new model whose first pods are still starting (the
         # condition says so; at 1,000 new models one such Event each was a tenth of the creation's API requests)
-        expected_gap = signals.reason in (SignalsReason.NO_SERIES, SignalsReason.NO_READY_PODS)
+        expected_gap = signals.reason in (
+            SignalsReason.NO_SERIES,
+            SignalsReason.NO_READY_PODS,
+            SignalsReason.REQUESTS_IN_FLIGHT,
+        )
         if not expected_gap:
             events.append(("Warning", ScalingReason.HOLD_METRICS_UNKNOWN, decision.message))
         elif before.get("status") == ConditionStatus.TRUE:

@@ -186,6 +186,11 @@ def run_demo(options: DemoOptions, console: Console, shutdown: Shutdown | None =
     tritons.sync(ready, config_pbtxt, console, {pod: ip for pod, (_, ip) in found.items()})
 
     result = _load(tritons, ready, model, example, bm["status"]["plan"], options, console)
+    # what the user checks next is `kubectl get bm`: shown once the status counts the Ready replicas (the operator
+    # writes them at its next scaling tick, up to BATCHFILL_RECONCILE_INTERVAL_SECONDS after the pods got Ready)
+    _until(f"waiting for {ns}/{name}'s status to count its {len(ready)} Ready replica(s) ...",
+           lambda: _status_counts(custom, ns, name, len(ready)), STATUS_WAIT_S, console,
+           lambda: _kubectl(kubeconfig, "get", "bm,pods,events", "-n", ns, check=False))  # fmt: skip
     report(console, kubeconfig, ns, name, config_name, config_pbtxt, result)
     console.log(f"demo done in {time.monotonic() - t0:.0f} s")
     if options.keep:
@@ -256,6 +261,17 @@ def _follow_pods(
         found = ready_pods_with_ips(core, ns, selector)
         ips = {p: ip for p, (_, ip) in found.items()}
         tritons.sync({p: n for p, (n, _) in found.items()}, config_pbtxt, console, ips)
+
+
+#: The longest the status may take to count the Ready replicas after the load (s): a few scaling ticks.
+STATUS_WAIT_S = 90.0
+
+
+def _status_counts(custom: Any, ns: str, name: str, pods: int) -> bool:
+    """Whether the BatchedModel's status says ``pods`` replicas Ready and its Ready condition is True."""
+    bm = cast(dict[str, Any], custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
+    ready = int((bm.get("status") or {}).get("readyReplicas") or 0)
+    return ready >= pods and _condition(bm, ConditionType.READY).get("status") == "True"
 
 
 def _wait_planned(
