@@ -43,13 +43,13 @@ REPLAN_S = 60.0
 #: no SLA at risk). 10 %: the plan's own band (batchfill.policy.placement.REPACK_RATE_MARGIN), so a steady rate's
 #: noise re-checks now and then but seldom moves anything.
 REPLAN_RISE_FRACTION = 0.1
+#: The floor keeps a model near 0 req/s (planned at 0, now at 0.05) from planning every tick, req/s.
+REPLAN_RISE_FLOOR_RPS = 0.1
 #: An Auto model on replicas of its own is planned for its rate times (1 + this) while it is there, so it comes back
 #: to the pool only once its load is about 9 % below what one GPU serves (1 / 1.1), not as soon as it dips under:
 #: each move starts or stops pods, and a rate hovering at one GPU would move it back and forth. The plan's band
 #: (batchfill.policy.placement.REPACK_RATE_MARGIN).
 RETURN_MARGIN = 0.1
-#: The floor keeps a model near 0 req/s (planned at 0, now at 0.05) from planning every tick, req/s.
-REPLAN_RISE_FLOOR_RPS = 0.1
 #: A slot: ("gpu", shared gpu_id) or ("own", model name, k) for the k-th dedicated GPU of a Shared-mode model.
 Slot = tuple[Any, ...]
 
@@ -125,14 +125,23 @@ def rates_rose(placement: Placement | None, rates: Mapping[str, float]) -> bool:
     )
 
 
+def graduated(placement: Placement | None, members: Sequence[Member]) -> set[str]:
+    """The Auto members that ``placement`` gives dedicated GPUs: they leave the pool for replicas of their own,
+    which carry all of their load."""
+    if placement is None:
+        return set()
+    auto = {m.name for m in members if m.mode is PlacementMode.AUTO}
+    return {p.name for p in placement.models if p.name in auto and p.dedicated_gpus > 0}
+
+
 def held_members(members: Sequence[Member], current: Placement | None) -> list[Member]:
     """The members as the joint plan is given them: an Auto model that the placement in force serves on dedicated
     GPUs (its own replicas) with its ``targetUtilization`` divided by ``1 +`` :data:`RETURN_MARGIN`, so its design
     rate λ / u is that much higher while its rate stays what was observed; the others unchanged."""
-    dedicated = {p.name for p in current.models if p.dedicated_gpus > 0} if current is not None else set()
+    away = graduated(current, members)
     out = []
     for m in members:
-        if m.mode is PlacementMode.AUTO and m.name in dedicated:
+        if m.name in away:
             scaling = m.spec.scaling.model_copy(
                 update={"targetUtilization": m.spec.scaling.targetUtilization / (1 + RETURN_MARGIN)}
             )
@@ -178,7 +187,7 @@ def pod_slots(placement: Placement | None, members: Sequence[Member]) -> tuple[S
     if placement is None:
         return (("gpu", 0),) if members else ()
     modes = {m.name: m.mode for m in members}
-    leaving = {p.name for p in placement.models if modes.get(p.name) is PlacementMode.AUTO and p.dedicated_gpus > 0}
+    leaving = graduated(placement, members)
     shared: list[Slot] = [("gpu", g.gpu_id) for g in placement.shared if set(g.tenants) - leaving]
     own: list[Slot] = [
         ("own", p.name, k)
@@ -216,15 +225,16 @@ def _where(
 ) -> dict[str, frozenset[str]]:
     """Each member's pods (a member that leaves for replicas of its own: none)."""
     first = on.get(("gpu", 0)) or (on[min(on)] if on else None)
+    away = graduated(placement, members)
     out: dict[str, frozenset[str]] = {}
     for m in members:
         if m.name in notes or placement is None:
             out[m.name] = frozenset([first]) if first else frozenset()
             continue
-        p = placement.model(m.name)
-        if m.mode is PlacementMode.AUTO and p.dedicated_gpus > 0:
+        if m.name in away:
             out[m.name] = frozenset()
             continue
+        p = placement.model(m.name)
         pods = {on[("own", m.name, k)] for k in range(p.dedicated_gpus) if ("own", m.name, k) in on}
         if p.shared_gpu is not None and ("gpu", p.shared_gpu) in on:
             pods.add(on[("gpu", p.shared_gpu)])

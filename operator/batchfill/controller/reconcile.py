@@ -31,6 +31,7 @@ from batchfill.controller.status import (
     changed_fields,
     desired_status,
     hand_rollback,
+    on_pool_copies,
     planned_plan_warnings,
     rejection_status,
 )
@@ -175,7 +176,7 @@ def _leaving_pool(placed: Mapping[str, Any]) -> bool:
     """Whether ``status.placement`` says the model is (still) on its pool: mode Shared (its spec left the pool), or
     copies on pool pods (``podCount``; an ``Auto`` model the joint plan moved to replicas of its own is written
     Dedicated at once, while its pool copies still serve it)."""
-    return bool(placed.get("pool")) and (placed.get("mode") == "Shared" or bool(placed.get("podCount")))
+    return bool(placed.get("pool")) and (placed.get("mode") == "Shared" or on_pool_copies(placed))
 
 
 def _replicas(existing: Mapping[str, Any] | None, placed: Mapping[str, Any], least: int) -> int:
@@ -192,7 +193,7 @@ def _service(owner: Owner, placed: Mapping[str, Any], deployment: Mapping[str, A
     counts copies there) and no replica of its own is Ready: then the pool's copies keep the model's address, and
     the pool keeps them until ``status.readyReplicas`` counts a Ready replica of its own (written after this)."""
     ready = int(((deployment.get("status") or {}).get("readyReplicas")) or 0)
-    if placed.get("pool") and placed.get("podCount") and not ready:
+    if on_pool_copies(placed) and not ready:
         return build_shared_service(owner, str(placed.get("pool")))
     return build_service(owner)
 

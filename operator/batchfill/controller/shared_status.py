@@ -17,7 +17,7 @@ from batchfill.api.reasons import ConditionReason, ConditionType
 from batchfill.api.spec import PlacementMode
 from batchfill.api.status import ConditionStatus
 from batchfill.controller.desired import Desired
-from batchfill.controller.status import desired_status
+from batchfill.controller.status import desired_status, failing_conditions
 from batchfill.policy import conditions as cond
 from batchfill.policy.scaling import FAILURE_FRACTION
 from batchfill.policy.signals import ModelSignals, SignalState
@@ -100,8 +100,9 @@ def pooled_conditions(
     """A shared model's MetricsAvailable and RequestsFailing from the signals over its pool copies (None: it has
     no copy this tick). The model has no scaling decision of its own (the pool's plan sizes its copies), so these
     are what :func:`batchfill.controller.status.scaling_conditions` and ``requests_failing_conditions`` say for a
-    dedicated model, read from the signals: RequestsFailing True from ``FAILURE_FRACTION`` of the window's requests
-    failing, False once they stop (only if it was there), none while the signals are unknown."""
+    dedicated model, read from the signals (RequestsFailing through the same
+    :func:`batchfill.controller.status.failing_conditions`): True from ``FAILURE_FRACTION`` of the window's
+    requests failing, False once they stop (only if it was there), none while the signals are unknown."""
     if signals is None or signals.state == SignalState.UNKNOWN:
         why = "no pool copy serves it this tick" if signals is None else (signals.message or "no usable signals")
         reason = ConditionReason.NO_DATA if signals is None else (signals.reason or ConditionReason.NO_DATA)
@@ -116,17 +117,7 @@ def pooled_conditions(
         )
     ]
     fraction = signals.failure_fraction
-    failed = f"{signals.failure_rate_rps or 0:.3g} failed requests/s"
-    if fraction is not None and fraction >= FAILURE_FRACTION:
-        updates.append(cond.ConditionUpdate(
-            ConditionType.REQUESTS_FAILING,
-            ConditionStatus.TRUE,
-            ConditionReason.REQUESTS_FAILING,
-            f"{failed}, {fraction:.0%} of all requests on its pool copies (nv_inference_request_failure); see the "
-            "pool pods' Triton log for the cause",
-        ))  # fmt: skip
-    elif cond.find(stored, ConditionType.REQUESTS_FAILING) is not None:
-        updates.append(cond.ConditionUpdate(
-            ConditionType.REQUESTS_FAILING, ConditionStatus.FALSE, ConditionReason.REQUESTS_SUCCEEDING, failed
-        ))  # fmt: skip
-    return updates
+    return updates + failing_conditions(
+        fraction is not None and fraction >= FAILURE_FRACTION, signals.failure_rate_rps, fraction, stored,
+        where=" on its pool copies", advice="; see the pool pods' Triton log for the cause",
+    )  # fmt: skip

@@ -306,6 +306,11 @@ def children_drift(deployment: Mapping[str, Any] | None, desired: Desired, statu
     return _left_pool(deployment, status)
 
 
+def on_pool_copies(placed: Mapping[str, Any]) -> bool:
+    """Whether ``status.placement`` (as stored) names a pool and counts copies of the model on its pods."""
+    return bool(placed.get("pool")) and bool(placed.get("podCount"))
+
+
 def _left_pool(deployment: Mapping[str, Any], status: Mapping[str, Any]) -> str:
     """Why the Service must move from the pool's copies to the model's own replicas now (empty: it need not).
 
@@ -315,9 +320,8 @@ def _left_pool(deployment: Mapping[str, Any], status: Mapping[str, Any]) -> str:
     copies while the Service still selects them (every request failing until some later re-apply): so the first
     tick that sees an own replica Ready re-applies the children, which moves the Service, then writes the count.
     """
-    placed = status.get("placement") or {}
     ready = int(((deployment.get("status") or {}).get("readyReplicas")) or 0)
-    if placed.get("pool") and placed.get("podCount") and ready and not status.get("readyReplicas"):
+    if on_pool_copies(status.get("placement") or {}) and ready and not status.get("readyReplicas"):
         return f"{ready} replica(s) of its own are Ready while its pool's copies serve it: its Service moves to them"
     return ""
 
@@ -429,19 +433,35 @@ def requests_failing_conditions(
     (the stored one stays) while the signals are unknown, or when no request ever failed."""
     if not decision.metrics_available:
         return []
-    if decision.requests_failing:
+    return failing_conditions(
+        decision.requests_failing, decision.failure_rate_rps, decision.failure_fraction, stored,
+        where="", advice=": not idle, so no scale-in; see Triton's log for the cause",
+    )  # fmt: skip
+
+
+def failing_conditions(
+    failing: bool,
+    rate_rps: float | None,
+    fraction: float | None,
+    stored: Sequence[Mapping[str, Any]] | None,
+    *,
+    where: str,
+    advice: str,
+) -> list[cond.ConditionUpdate]:
+    """RequestsFailing from known signals: True when ``failing`` (failed requests/s and their fraction of all, then
+    ``where`` they failed and ``advice``), else False if the condition is stored, else none."""
+    failed = f"{rate_rps or 0:.3g} failed requests/s"
+    if failing:
         return [cond.ConditionUpdate(
             ConditionType.REQUESTS_FAILING,
             ConditionStatus.TRUE,
             ConditionReason.REQUESTS_FAILING,
-            f"{decision.failure_rate_rps or 0:.3g} failed requests/s, {decision.failure_fraction or 0:.0%} of all "
-            "requests (nv_inference_request_failure): not idle, so no scale-in; see Triton's log for the cause",
+            f"{failed}, {fraction or 0:.0%} of all requests{where} (nv_inference_request_failure){advice}",
         )]  # fmt: skip
     if cond.find(stored, ConditionType.REQUESTS_FAILING) is None:
         return []
-    message = f"{decision.failure_rate_rps or 0:.3g} failed requests/s"
     return [
         cond.ConditionUpdate(
-            ConditionType.REQUESTS_FAILING, ConditionStatus.FALSE, ConditionReason.REQUESTS_SUCCEEDING, message
+            ConditionType.REQUESTS_FAILING, ConditionStatus.FALSE, ConditionReason.REQUESTS_SUCCEEDING, failed
         )
     ]
