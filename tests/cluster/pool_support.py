@@ -175,6 +175,27 @@ def repository_index(pod_ip: str) -> dict[str, str]:
     return states
 
 
+#: The state :func:`states_of` gives a model on a pod whose Triton does not answer and that is not Ready.
+NOT_SERVING = "not serving"
+
+
+def states_of(pods: list[Any], triton: str) -> list[str] | None:
+    """The model's repository state on each pod with an IP (``absent`` if not in its index); a pod whose Triton
+    does not answer is :data:`NOT_SERVING` if it is terminating or not Ready (it serves nothing), and makes the
+    answer None (ask again) if it is Ready and not terminating."""
+    states = []
+    for p in pods:
+        if not p.status.pod_ip:
+            continue
+        try:
+            states.append(repository_index(p.status.pod_ip).get(triton, "absent"))
+        except OSError:
+            if p.metadata.deletion_timestamp is None and pod_ready(p):
+                return None
+            states.append(NOT_SERVING)
+    return states
+
+
 def pod_ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import pytest
 from kubernetes import client
@@ -503,3 +504,30 @@ def real_node_lab(
             assert not denied, denied[:5]
     finally:
         devcluster.cluster_down(cluster, quiet=True)
+
+
+class Sampler:
+    """Calls :meth:`sample` every ``period_s`` in a daemon thread between ``__enter__`` and ``__exit__``; an
+    exception in one sample (an API hiccup, the operator restarting) skips that sample only."""
+
+    period_s = 1.0
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _follow(self, stop: threading.Event) -> None:
+        while not stop.wait(self.period_s):
+            try:
+                self.sample()
+            except Exception:  # the next sample
+                continue
+
+    def __enter__(self) -> Self:
+        self._stopping = threading.Event()
+        self._sampler = threading.Thread(target=self._follow, args=(self._stopping,), daemon=True)
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopping.set()
+        self._sampler.join(timeout=30)

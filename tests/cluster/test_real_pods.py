@@ -37,7 +37,7 @@ from batchfill.testbed.install import CLAIM
 from batchfill.testbed.loadgen import grpc_fp32_input
 from batchfill.testbed.service_proxy import ServiceProxy
 
-from .support import Kube, Operator, real_node_lab, wait_for, write_sleep_model
+from .support import Kube, Operator, Sampler, real_node_lab, wait_for, write_sleep_model
 
 pytestmark = pytest.mark.cluster
 #: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.
@@ -203,7 +203,7 @@ def lab() -> Iterator[Lab]:
 
 
 @dataclass
-class Watch:
+class Watch(Sampler):
     """Samples a model's pods every 0.5 s in a thread: the most pods at once, the fewest Ready, and every Ready
     pod's loaded config checked against the ConfigMap it mounts."""
 
@@ -213,35 +213,22 @@ class Watch:
     fewest_ready: int = 10**6
     checked: dict[str, int] = field(default_factory=dict)  # pod -> max_batch_size it serves (= its own config's)
     wrong: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
+    period_s = 0.5
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                pods = [p for p in self.lab.pods(self.name) if p.metadata.deletion_timestamp is None]
-            except Exception:  # an API hiccup: the next sample
+    def sample(self) -> None:
+        pods = [p for p in self.lab.pods(self.name) if p.metadata.deletion_timestamp is None]
+        self.most_pods = max(self.most_pods, len(pods))
+        ready = [p for p in pods if _ready(p)]
+        self.fewest_ready = min(self.fewest_ready, len(ready))
+        for p in ready:
+            loaded = served_config(p.status.pod_ip)
+            if loaded is None:
                 continue
-            self.most_pods = max(self.most_pods, len(pods))
-            ready = [p for p in pods if _ready(p)]
-            self.fewest_ready = min(self.fewest_ready, len(ready))
-            for p in ready:
-                loaded = served_config(p.status.pod_ip)
-                if loaded is None:
-                    continue
-                own = max_batch_size(self.lab.config_of(p))
-                self.checked[p.metadata.name] = int(loaded["max_batch_size"])
-                if int(loaded["max_batch_size"]) != own:
-                    served = loaded["max_batch_size"]
-                    self.wrong.append(f"{p.metadata.name} serves max_batch_size {served}, its own {own}")
-
-    def __enter__(self) -> Watch:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+            own = max_batch_size(self.lab.config_of(p))
+            self.checked[p.metadata.name] = int(loaded["max_batch_size"])
+            if int(loaded["max_batch_size"]) != own:
+                served = loaded["max_batch_size"]
+                self.wrong.append(f"{p.metadata.name} serves max_batch_size {served}, its own {own}")
 
 
 def _load(lab: Lab, name: str, rate: float, seed: int) -> tuple[ServiceEndpoints, BalancedLoad]:

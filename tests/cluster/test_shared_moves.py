@@ -28,7 +28,6 @@ endpoints are that home's pods; its copies are READY on exactly the pool pods la
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -45,8 +44,18 @@ from batchfill.render.kube import MODEL_LABEL, Owner, build_service_monitor, nam
 from batchfill.render.pool import PoolOwner, build_pool_service_monitor, loaded_label
 from batchfill.testbed.balancer import BalancedLoad
 
-from .pool_support import Pool, Sleep, figures, model_doc, models_on, pod_ready, repository_index
-from .support import real_node_lab, wait_for, write_sleep_model
+from .pool_support import (
+    NOT_SERVING,
+    Pool,
+    Sleep,
+    figures,
+    model_doc,
+    models_on,
+    pod_ready,
+    repository_index,
+    states_of,
+)
+from .support import Sampler, real_node_lab, wait_for, write_sleep_model
 
 pytestmark = pytest.mark.cluster
 #: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.
@@ -150,8 +159,12 @@ def strays(pool: Pool) -> list[tuple[str, str]]:
         if not (pod_ready(p) and p.status.pod_ip):
             continue
         on = models_on(p)
-        out += [(p.metadata.name, t) for t, s in repository_index(p.status.pod_ip).items()
-                if s == "READY" and labels.get(t) not in on]  # fmt: skip
+        try:
+            index = repository_index(p.status.pod_ip)
+        except OSError:  # not answering (stopping, or an API hiccup): not known to be clean, so asked again
+            out.append((p.metadata.name, "unreachable"))
+            continue
+        out += [(p.metadata.name, t) for t, s in index.items() if s == "READY" and labels.get(t) not in on]
     return out
 
 
@@ -167,12 +180,12 @@ def mover_unloaded_from_pool(pool: Pool) -> list[str] | None:
     pods = pool.all_pods()
     if any(loaded_label(MOVER.name) in models_on(p) for p in pods):
         return None
-    states = [repository_index(p.status.pod_ip).get(MOVER.triton, "absent") for p in pods if p.status.pod_ip]
-    return states if all(s in ("UNAVAILABLE", "absent") for s in states) else None
+    states = states_of(pods, MOVER.triton)
+    return states if states is not None and all(s in ("UNAVAILABLE", "absent", NOT_SERVING) for s in states) else None
 
 
 @dataclass
-class MoveWatch:
+class MoveWatch(Sampler):
     """Samples the mover every second in a thread: (t, placement mode, labelled copies, own replicas, own Ready,
     its Service's endpoints) on each change, and the longest time both homes served it (a labelled READY pool copy
     and a Ready own replica)."""
@@ -182,9 +195,8 @@ class MoveWatch:
     changes: list[tuple[Any, ...]] = field(default_factory=list)
     both_s: float = 0.0
     _both_since: float | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
         now = time.monotonic()
         mode = placement(self.pool).get("mode")
         copies = len(labelled_copies(self.pool))
@@ -197,22 +209,6 @@ class MoveWatch:
             self.both_s = max(self.both_s, now - self._both_since)
         else:
             self._both_since = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                self._sample()
-            except Exception:  # an API hiccup (or the operator restarting): the next sample
-                continue
-
-    def __enter__(self) -> MoveWatch:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
 
 
 def kill_and_restart(pool: Pool, why: str) -> float:
@@ -319,6 +315,12 @@ def come_back(pool: Pool, marks: dict[str, float]) -> None:
     drained(pool, "coming back")
 
 
+def slowest(load: BalancedLoad, t0: float, n: int = 6) -> list[tuple[float, str, float]]:
+    """The ``n`` slowest answered requests: when each was due (s after ``t0``), where it went, its latency (ms)."""
+    answered = sorted((s for s in list(load.samples) if s.latency_ms is not None), key=lambda s: -(s.latency_ms or 0))
+    return [(round(s.due_s - t0, 1), s.endpoint, round(s.latency_ms or 0, 1)) for s in answered[:n]]
+
+
 def report(
     watch: MoveWatch, marks: dict[str, float], neighbours: list[tuple[Sleep, BalancedLoad]], mover: BalancedLoad
 ) -> None:
@@ -335,6 +337,7 @@ def report(
         lost = [(round(s.due_s - t0, 1), s.endpoint) for s in list(load.samples) if s.latency_ms is None]
         sla = "" if m == MOVER else f", SLA {m.p99_ms} ms"
         print(f"  {m.name}: {sent} sent, {failed} failed, client p99 {p99:.1f} ms{sla}; failed at {lost[:10]}")
+        print(f"    slowest (s after the rate went up, endpoint, ms): {slowest(load, t0)}")
         if failed or not sent or (m != MOVER and not p99 <= m.p99_ms):
             bad.append((m.name, sent, failed, round(p99, 1)))
     assert not bad, bad

@@ -22,7 +22,6 @@ back to ``minPods`` = 0 pods). Every request's outcome is counted and the figure
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -30,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -40,9 +39,20 @@ from batchfill.controller.pool_models import DRAIN_S
 from batchfill.render.kube import HTTP_PORT
 from batchfill.render.pool import LOADED, PoolOwner, build_pool_service_monitor, loaded_label
 
-from .pool_support import Pool, Sleep, figures, model_doc, models_on, pod_ready, pool_doc, repository_index
+from .pool_support import (
+    NOT_SERVING,
+    Pool,
+    Sleep,
+    figures,
+    model_doc,
+    models_on,
+    pod_ready,
+    pool_doc,
+    repository_index,
+    states_of,
+)
 from .shared_agreement import GPU_TOLERANCE, Figures, disagreements, fleet_of, planned, simulated
-from .support import real_node_lab, wait_for, write_sleep_model
+from .support import Sampler, real_node_lab, wait_for, write_sleep_model
 
 pytestmark = pytest.mark.cluster
 #: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.
@@ -127,7 +137,7 @@ def _all_serving(pool: SharedPool) -> dict[str, list[str]] | None:
 
 
 @dataclass
-class PoolWatch:
+class PoolWatch(Sampler):
     """Samples the pool every second in a thread: its (pods, ready, desired) changes and the longest time a Ready
     pod carried no model label."""
 
@@ -136,35 +146,23 @@ class PoolWatch:
     changes: list[tuple[int, int, int, int | None]] = field(default_factory=list)
     longest_idle_s: float = 0.0
     _idle_since: dict[str, float] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
 
-    def _run(self) -> None:
-        t0 = self.t0
-        while not self._stop.wait(1.0):
-            try:
-                pods = self.pool.pods()
-                desired = (self.pool.gpupool().get("status") or {}).get("desiredPods")
-            except Exception:  # an API hiccup: the next sample
-                continue
-            now = time.monotonic()
-            ready = [p for p in pods if pod_ready(p)]
-            row = (len(pods), len(ready), desired)
-            if not self.changes or self.changes[-1][1:] != row:
-                self.changes.append((round(now - t0), *row))
-            idle = {p.metadata.name for p in ready if not models_on(p)}
-            self._idle_since = {n: self._idle_since.get(n, now) for n in idle}
-            for since in self._idle_since.values():
-                self.longest_idle_s = max(self.longest_idle_s, now - since)
+    def sample(self) -> None:
+        pods = self.pool.pods()
+        desired = (self.pool.gpupool().get("status") or {}).get("desiredPods")
+        now = time.monotonic()
+        ready = [p for p in pods if pod_ready(p)]
+        row = (len(pods), len(ready), desired)
+        if not self.changes or self.changes[-1][1:] != row:
+            self.changes.append((round(now - self.t0), *row))
+        idle = {p.metadata.name for p in ready if not models_on(p)}
+        self._idle_since = {n: self._idle_since.get(n, now) for n in idle}
+        for since in self._idle_since.values():
+            self.longest_idle_s = max(self.longest_idle_s, now - since)
 
-    def __enter__(self) -> PoolWatch:
+    def __enter__(self) -> Self:
         self.t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        return super().__enter__()
 
 
 def _server_p99(pool: SharedPool) -> dict[str, float]:
@@ -372,8 +370,8 @@ def test_a_deleted_model_is_unloaded_from_every_pod_while_the_others_serve(pool:
             pods = pool.all_pods()
             if any((p.metadata.labels or {}).get(loaded_label(GONE.name)) for p in pods):
                 return None
-            states = [repository_index(p.status.pod_ip).get(GONE.triton, "absent") for p in pods if p.status.pod_ip]
-            return states if states and all(s in ("UNAVAILABLE", "absent") for s in states) else None
+            states = states_of(pods, GONE.triton)
+            return states if states and all(s in ("UNAVAILABLE", "absent", NOT_SERVING) for s in states) else None
 
         states = wait_for(f"{GONE.triton} unloaded from every pool pod", unloaded, timeout_s=bound, interval_s=1.0)
         took = time.monotonic() - t0

@@ -270,3 +270,9 @@ def test_ensure_binaries_builds_the_kubelet_only_when_asked(tmp_path: Path, monk
 
 def quiet_console() -> Console:
     return Console(file=io.StringIO(), log_path=False)
+
+
+def test_cpu_shares_map_onto_the_cgroup_v2_weight_range() -> None:
+    assert [cgroups.cpu_weight_v2(s) for s in (0, 2, 1024, cgroups.NODE_CPU_SHARES, 262144, 10**6)] == [
+        1, 1, 39, 313, 10000, 10000,
+    ]  # fmt: skip

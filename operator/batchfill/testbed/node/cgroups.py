@@ -51,8 +51,26 @@ def _rel(cgroup: str) -> str:
     return cgroup.strip("/")
 
 
-def create(cgroup: str) -> list[Path]:
-    """Make ``cgroup`` (``/name``) in every hierarchy, with cpuset.cpus/mems copied from the parent; the dirs."""
+#: CPU weight of a node's cgroup root, as cgroup v1 ``cpu.shares`` (a nice-0 task weighs 1024). The node's pods
+#: share this machine's cores with the control plane, Prometheus, the operator and the test itself, which run as
+#: tasks of the root cgroup, each weighing as much as a group of the default 1024: with the default, every pod of
+#: the node together got one task's worth of CPU while the host was busy, and a pool pod's Triton stalled for
+#: 600 ms (all its models at once) while the operator restarted and another pod started. A real node does not
+#: share its CPU with the control plane; 8 tasks' worth keeps the pods served without starving the host.
+NODE_CPU_SHARES = 8 * 1024
+
+
+def cpu_weight_v2(shares: int) -> int:
+    """cgroup v2 ``cpu.weight`` (1..10000) for a v1 ``cpu.shares`` (2..262144): the linear map of one range onto
+    the other that runc and the kubelet use (https://github.com/kubernetes/enhancements/tree/master/keps/sig-node/
+    2254-cgroup-v2)."""
+    shares = min(max(shares, 2), 262144)
+    return 1 + ((shares - 2) * 9999) // 262142
+
+
+def create(cgroup: str, cpu_shares: int = NODE_CPU_SHARES) -> list[Path]:
+    """Make ``cgroup`` (``/name``) in every hierarchy, with cpuset.cpus/mems copied from the parent and the CPU
+    weight ``cpu_shares`` (v1 ``cpu.shares``, or its v2 ``cpu.weight``); the dirs."""
     made = []
     for h in hierarchies():
         d = h / _rel(cgroup)
@@ -61,6 +79,10 @@ def create(cgroup: str) -> list[Path]:
             src = d.parent / f
             if src.is_file() and (d / f).is_file() and not (d / f).read_text().strip():
                 (d / f).write_text(src.read_text())
+        if (d / "cpu.shares").is_file():
+            (d / "cpu.shares").write_text(str(cpu_shares))
+        elif (d / "cpu.weight").is_file():
+            (d / "cpu.weight").write_text(str(cpu_weight_v2(cpu_shares)))
         made.append(d)
     return made
 
