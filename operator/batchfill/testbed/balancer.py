@@ -4,7 +4,7 @@ What a Kubernetes Service does for the Triton pods of a BatchedModel, for tests 
 pods paired with local tritonservers: each arrival goes to the next endpoint of ``endpoints()`` (read at every
 arrival, so servers joining or leaving take effect at once). The rate can be changed while it runs
 (:meth:`BalancedLoad.set_rate`); arrivals are exponential gaps drawn from a seeded generator. Before the first
-arrival, each endpoint known at the start gets one request that is not counted (see :meth:`BalancedLoad.start`).
+arrival, the client connects to each endpoint known at the start (see :meth:`BalancedLoad.start`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-#: At most this long (s) for the first endpoints' uncounted first requests before the first arrival is due.
+#: At most this long (s) to connect to the first endpoints before the first arrival is due.
 WARM_TIMEOUT_S = 5.0
 
 
@@ -66,9 +66,9 @@ class BalancedLoad:
         self.set_rate(rate_rps)
         self._thread = threading.Thread(target=self._run, name="balanced-load", daemon=True)
         self._thread.start()
-        # The first arrival is due once the client is imported, connected to the endpoints known now, and each
-        # has answered one request (not counted): a client that has been running pays none of that per request,
-        # and a Python-backend model's first execution is slow (measured: 45 ms against 2.4 ms on an idle machine).
+        # The first arrival is due once the client is imported and connected to the endpoints known now (a
+        # health request, not an inference: Triton's counts stay the test's): a client that has been running pays
+        # neither per request. A model's own first executions are spec.model.warmup's business.
         self._warm.wait(timeout=WARM_TIMEOUT_S + 30)
         return self
 
@@ -111,9 +111,9 @@ class BalancedLoad:
         try:
             for endpoint in self.endpoints():
                 clients[endpoint] = grpcaio.InferenceServerClient(endpoint)
-            first = [c.infer(self.model, inputs, client_timeout=WARM_TIMEOUT_S) for c in clients.values()]
+            live = [c.is_server_live() for c in clients.values()]
             with contextlib.suppress(Exception):  # a server not up yet: its requests will say so
-                await asyncio.wait_for(asyncio.gather(*first, return_exceptions=True), WARM_TIMEOUT_S)
+                await asyncio.wait_for(asyncio.gather(*live, return_exceptions=True), WARM_TIMEOUT_S)
         finally:
             self._warm.set()
         due = time.monotonic()
