@@ -44,9 +44,11 @@ class Sleep:
         ]
 
 
-def model_doc(m: Sleep, namespace: str, placement: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def model_doc(
+    m: Sleep, namespace: str, placement: dict[str, Any], *, warmup: bool = False, **extra: Any
+) -> dict[str, Any]:
     """The BatchedModel of ``m`` with ``spec.placement`` and further spec fields; profiling held off
-    (``minExecutions``) so no measured re-plan reloads it mid-test."""
+    (``minExecutions``) so no measured re-plan reloads it mid-test. ``warmup``: ``spec.model.warmup: {}``."""
     spec: dict[str, Any] = {
         "model": {
             "name": m.triton,
@@ -61,6 +63,8 @@ def model_doc(m: Sleep, namespace: str, placement: dict[str, Any], **extra: Any)
         "placement": placement,
         **extra,
     }
+    if warmup:
+        spec["model"]["warmup"] = {}
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": m.name, "namespace": namespace}, "spec": spec}
 
 

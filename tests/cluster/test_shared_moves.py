@@ -13,7 +13,9 @@ mover's own pods (its ServiceMonitor, as prometheus-operator would), and the ope
 ServiceAccount: the pool loop plans jointly and moves the model, its scaling loop sizes its own replicas and
 writes their observed rate, which the pool plan reads back to move it home).
 
-The models: two ``Shared`` neighbours at a low rate and the mover (``placement: {mode: Auto}``). The load goes to
+The models: two ``Shared`` neighbours at a low rate and the mover (``placement: {mode: Auto}``), each with
+``spec.model.warmup`` (Triton runs warm-up requests before a copy or replica is READY, so the first requests at a
+new home are not its first executions, which cost hundreds of ms on this busy machine). The load goes to
 each model's Service's ready EndpointSlice endpoints (:class:`~batchfill.testbed.balancer.ServiceEndpoints`, read
 every 0.25 s, as a client-side balancer or kube-proxy would), so a Service that routes nowhere, or to a pod that no
 longer serves the model, counts as failed requests. The mover's rate is raised above what one GPU serves at its
@@ -92,7 +94,7 @@ MOVE_S = 420.0
 
 
 def mover_doc() -> dict[str, Any]:
-    return model_doc(MOVER, NS, {"mode": "Auto", "pool": POOL}, **MOVER_SPEC)
+    return model_doc(MOVER, NS, {"mode": "Auto", "pool": POOL}, warmup=True, **MOVER_SPEC)
 
 
 def mover_capacity() -> tuple[float, float]:
@@ -223,7 +225,7 @@ def kill_and_restart(pool: Pool, why: str) -> float:
 def test_the_models_are_placed_on_the_pool(pool: Pool) -> None:
     t0 = time.monotonic()
     for m in (*NEIGHBOURS, MOVER):
-        pool.create(mover_doc() if m == MOVER else model_doc(m, NS, {"mode": "Shared", "pool": POOL}))
+        pool.create(mover_doc() if m == MOVER else model_doc(m, NS, {"mode": "Shared", "pool": POOL}, warmup=True))
 
     def placed() -> dict[str, dict[str, Any]] | None:
         out = {m.name: placement(pool, m) for m in (*NEIGHBOURS, MOVER)}

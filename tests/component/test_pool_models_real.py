@@ -43,6 +43,7 @@ from batchfill.controller.pool_models import (
 )
 from batchfill.policy.plan import plan_batching
 from batchfill.render.pool import LOADED, TritonRequest, load_request, pool_triton_args
+from batchfill.render.warmup import warmup_batch_sizes
 from batchfill.testbed.loadgen import LoadResult, grpc_fp32_input, run_poisson
 from batchfill.testbed.model_repo import write_model
 from batchfill.testbed.process import process_group_alive
@@ -82,13 +83,14 @@ def _spec(model: str) -> BatchedModelSpec:
     )
 
 
-def _with_sleep(want: WantedModel) -> WantedModel:
-    """``want`` with the sleep model's own knobs (``alpha_ms``/``beta_ms``) added to the load's config.
+def _with_sleep(want: WantedModel, knobs: tuple[float, float] | None = None) -> WantedModel:
+    """``want`` with the sleep model's own knobs (``alpha_ms``/``beta_ms``: ``knobs``, by default its entry of
+    ``MODELS``) added to the load's config.
 
     The renderer writes no ``parameters`` (conftest.with_parameters says why), and a load's ``config`` replaces the
     repository's config.pbtxt; only ``parameters`` is added, the rest is exactly what load_request rendered.
     """
-    alpha, beta, _, _ = MODELS[want.model]
+    alpha, beta = knobs if knobs is not None else MODELS[want.model][:2]
     config = json.loads(want.request.body["parameters"]["config"])
     assert "parameters" not in config
     config["parameters"] = {"alpha_ms": {"string_value": str(alpha)}, "beta_ms": {"string_value": str(beta)}}
@@ -314,3 +316,35 @@ def test_the_neighbour_unloads_and_a_reload_lose_no_request(pod: Pod) -> None:
     assert delay == pod.plans["pool_b"].maxQueueDelayMicroseconds + 100
     assert pod.labels == {k: v for k, v in pod.labels.items() if k.endswith("/pool-b")}
     assert pod.annotations[next(iter(pod.labels))] == changed.config_hash
+
+
+def test_a_model_with_warmup_is_ready_only_after_triton_ran_its_warmup(pod: Pod) -> None:
+    """spec.model.warmup: the rendered ``model_warmup`` is taken by the real Triton through the repository API (the
+    way a pool loads a model), which runs every warm-up request before the load returns and the model is READY: the
+    load lasts at least the sleep model's time for them, and the config Triton serves lists them."""
+    alpha, beta, _, _ = MODELS["pool_a"]
+    doc = _spec("pool_a").model_dump(mode="json", exclude_none=True)
+    doc["model"]["name"] = "pool_w"
+    doc["model"]["warmup"] = {"count": 2}
+    spec = BatchedModelSpec.model_validate(doc)
+    plan = plan_batching(spec, seed=0).to_status()
+    write_model(pod.triton.model_repository, "pool_w", sleep_config_pb("pool_w", 1), "sleep_model")
+    want = _with_sleep(
+        wanted_model("pool-w", spec, plan, POOL, frozenset({POD}), instance_kind="KIND_CPU"), (alpha, beta)
+    )
+    sizes = warmup_batch_sizes([], plan.maxBatchSize)
+    asleep_s = 2 * sum(alpha + beta * b for b in sizes) / 1000
+    t = time.monotonic()
+    error = repo.load(pod.triton.http_url, POD, want.request)
+    took = time.monotonic() - t
+    print(f"\nload with warm-up at batch sizes {sizes} x 2: {took:.2f} s (the sleeps alone {asleep_s:.2f} s)")
+    try:
+        assert error is None, str(error)
+        assert took >= asleep_s
+        served = _config(pod, "pool_w")["model_warmup"]
+        assert [(w["batch_size"], w["count"]) for w in served] == [(b, 2) for b in sizes]
+        assert all(w["inputs"][SLEEP_INPUT]["zero_data"] for w in served)
+        assert _state(pod, "pool_w") == ModelState.READY
+        assert _infer(pod, "pool_w") == "ok"
+    finally:
+        repo.unload(pod.triton.http_url, POD, "pool_w")

@@ -199,6 +199,32 @@ class ModelRepository(_Model):
     )
 
 
+class WarmupData(StrEnum):
+    """What Triton fills a warm-up request's inputs with (``ModelWarmup.Input`` ``zero_data`` / ``random_data``)."""
+
+    ZERO = "Zero"
+    RANDOM = "Random"
+
+
+class WarmupSpec(_Model):
+    """Requests Triton runs on each model instance while it loads, before the model is READY (Triton's
+    ``model_warmup``), so the first requests a new replica or a pool copy gets are not also its first executions
+    (lazy initialisation, CUDA kernels and TensorRT contexts made on first use)."""
+
+    batchSizes: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description=(
+            "Batch sizes of the warm-up requests. Empty: 1 and the planned maxBatchSize. A size above the planned "
+            "maxBatchSize runs at it; a model with batching off warms up with batch size 1."
+        ),
+    )
+    count: int = Field(default=1, ge=1, le=100, description="Times each warm-up request runs.")
+    data: WarmupData = Field(
+        default=WarmupData.ZERO, description="Input contents: Zero, or Random (Triton treats Random strings as Zero)."
+    )
+
+
 class SequenceStrategy(StrEnum):
     """Triton sequence-batcher strategy for stateful models."""
 
@@ -251,6 +277,13 @@ class ModelSpec(_Model):
         default_factory=list, max_length=8, description="Triton batch_input entries for ragged batching."
     )
     repository: ModelRepository | None = Field(default=None, description="Where the model files come from.")
+    warmup: WarmupSpec | None = Field(
+        default=None,
+        description=(
+            "Warm-up requests Triton runs while loading the model, before it is READY and is routed to. Needs "
+            "spec.model.inputs with fixed per-sample dims (no -1)."
+        ),
+    )
 
 
 class SLASpec(_Model):

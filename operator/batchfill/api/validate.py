@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -24,6 +24,7 @@ from batchfill.api.spec import (
     BatchedModel,
     BatchedModelSpec,
     DataType,
+    ModelSpec,
     PlacementMode,
     SequenceStrategy,
     TaintEffect,
@@ -178,6 +179,9 @@ def check_spec(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a flat l
         )
 
     p.extend(_check_tensors(spec, batching_off))
+    p.extend(
+        warmup_problems(spec.model, [_sample_dims(t.dims, t.includesBatchDim, batching_off) for t in spec.model.inputs])
+    )
     p.extend(_check_resources(spec))
     if spec.placement.mode is not PlacementMode.DEDICATED and spec.placement.pool is None:
         p.append(
@@ -193,6 +197,27 @@ def check_spec(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a flat l
             )
         )
     return p
+
+
+def _sample_dims(dims: Sequence[int], includes_batch_dim: bool, batching_off: bool) -> list[int]:
+    """The dims Triton's config gets: without the batch axis when batching is on, the full shape when off."""
+    return list(dims[1:] if includes_batch_dim and not batching_off else dims)
+
+
+def warmup_problems(model: ModelSpec, sample_dims: Sequence[Sequence[int]]) -> list[Problem]:
+    """What keeps ``model.warmup`` from being rendered: no ``inputs`` (a warm-up request needs their names and
+    shapes), or an input whose config dims ``sample_dims`` (one list per input, in order) hold a variable -1."""
+    if model.warmup is None:
+        return []
+    if not model.inputs:
+        return [
+            Problem("spec.model.warmup", "warm-up requests need the inputs' names and shapes: set spec.model.inputs")
+        ]
+    return [
+        Problem(f"spec.model.inputs[{i}].dims", f"={list(t.dims)} has a variable (-1) dim; warm-up needs fixed dims")
+        for i, (t, dims) in enumerate(zip(model.inputs, sample_dims, strict=True))
+        if any(d < 1 for d in dims)
+    ]
 
 
 def _check_tensors(spec: BatchedModelSpec, batching_off: bool) -> list[Problem]:  # noqa: C901 (a flat list of independent field checks)

@@ -40,6 +40,7 @@ from google.protobuf import text_format
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.spec import BatchedModelSpec, SequenceStrategy, TensorSpec
 from batchfill.api.status import PlanStatus
+from batchfill.render.warmup import add_model_warmup
 
 __all__ = [
     "InstanceKind",
@@ -74,6 +75,7 @@ _TOP_LEVEL_ORDER = (
     "dynamic_batching",
     "sequence_batching",
     "instance_group",
+    "model_warmup",
 )
 # Top-level scalars printed even when zero (proto3 would omit them).
 _ALWAYS_PRINTED = frozenset({"max_batch_size"})
@@ -106,14 +108,15 @@ def build_model_config(
     Raises:
         SpecError: the spec cannot be rendered as Triton config, naming the field: both or neither of
             ``spec.model.backend``/``platform``; dims that hold only the batch axis; dims that contradict
-            ``rank``; ``allowRaggedBatch`` without ``spec.model.batchInputs``.
+            ``rank``; ``allowRaggedBatch`` without ``spec.model.batchInputs``; ``spec.model.warmup`` without
+            inputs or with a variable input dim.
         ValueError: the plan contradicts itself or the spec (a preferred size outside [1, maxBatchSize],
             listed twice, or given with batching off; a delay below 1 µs with batching on; a Direct
             ``minimumSlotUtilization`` of 0; ``maxBatchSize`` above ``spec.batching.maxBatchSize``), or
             ``instance_kind`` is unknown or ``KIND_GPU`` while ``spec.triton.gpusPerReplica`` is 0.
 
     Triton reference: ``model_configuration.md`` (Maximum Batch Size, Inputs and Outputs, Instance Groups,
-    Dynamic Batcher, Sequence Batcher) and ``model_config.proto`` (``ModelConfig``).
+    Dynamic Batcher, Sequence Batcher, Model Warmup) and ``model_config.proto`` (``ModelConfig``).
 
     Long because it fills one ModelConfig message field by field, in the order of Triton's model_config.proto.
     """
@@ -139,12 +142,14 @@ def build_model_config(
     cfg.max_batch_size = mbs
 
     ragged_inputs = []
+    input_dims = []
     for i, t in enumerate(model.inputs):
         where = f"spec.model.inputs[{i}]"
         inp = cfg.input.add()
         inp.name = t.name
         inp.data_type = model_config_pb2.DataType.Value(t.dataType.value)
-        inp.dims.extend(_config_dims(t, mbs, where))
+        input_dims.append(_config_dims(t, mbs, where))
+        inp.dims.extend(input_dims[-1])
         if t.allowRaggedBatch and mbs > 0:
             inp.allow_ragged_batch = True
             ragged_inputs.append(f"{where}.allowRaggedBatch")
@@ -188,6 +193,7 @@ def build_model_config(
         group.count = plan.instanceCount
     else:
         group.count = plan.instanceCount * max(1, spec.triton.gpusPerReplica)
+    add_model_warmup(cfg, model, mbs, input_dims)
     return cfg
 
 
