@@ -59,6 +59,8 @@ def test_auto_filling_gpus_is_dedicated() -> None:
         2.5,
         None,
     )
+    # the observed rate (0.85 of the design rate here) is the load; the design rate is named as what was planned
+    assert s.message == "its load 212.5 req/s, planned as 250, fills 2 GPU(s) of 100 req/s each at its SLA"
 
 
 def test_shared_by_spec_and_dedicated_by_spec() -> None:

@@ -67,7 +67,12 @@ def placement_status(
     capacity = m.capacity_rps if m.capacity_rps > 0 else float("inf")
     if m.dedicated_gpus > 0 and spec.mode is PlacementMode.AUTO:
         share = round(m.design_rate_rps / capacity, SHARE_DECIMALS)
-        message = f"its load {m.design_rate_rps:.4g} req/s fills {m.dedicated_gpus} GPU(s) of {m.capacity_rps:.4g}"
+        # the observed rate first: the design rate is λ / u, raised while the model is away from the pool
+        # (batchfill.controller.pool_plan.held_members), so it is no load anybody measured
+        message = (
+            f"its load {m.rate_rps:.4g} req/s, planned as {m.design_rate_rps:.4g}, fills {m.dedicated_gpus} GPU(s) "
+            f"of {m.capacity_rps:.4g} req/s each at its SLA"
+        )
         return PlacementStatus(mode="Dedicated", pool=spec.pool, pods=listed, podCount=count, gpuShare=share,
                                reason=PlacementReason.DEDICATED_FILLS_GPU, message=message, since=since)  # fmt: skip
     share = round(m.shared_rate_rps / capacity, SHARE_DECIMALS)
