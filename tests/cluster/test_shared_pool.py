@@ -11,7 +11,8 @@ operator (``batchfill run`` as its ServiceAccount, whose pool loop plans, scales
 The models are the Python-backend sleep model written under six Triton names, each sleeping its own
 ``ALPHA + BETA * b`` per batch (defaults set in each model.py: the config the operator loads carries no model
 parameters), on a hostPath PersistentVolume that the pool's pods mount as their model repository. Each model
-declares a profile matching its sleep and its own SLA.
+declares a profile matching its sleep and its own SLA, and ``spec.model.warmup`` (the first executions run before
+a copy is READY).
 
 The one module-scoped ``pool`` fixture goes through the pool's life, and the tests run in order on it: the six
 models placed on fewer pods than models, served under Poisson load within their SLAs with no failed request, one
@@ -95,7 +96,8 @@ GONE = MODELS[2]
 
 
 def shared_doc(m: Sleep) -> dict[str, Any]:
-    return model_doc(m, NS, {"mode": "Shared", "pool": POOL})
+    # warm-up: a copy is READY, and routed to, only after Triton ran its first executions (test_shared_moves)
+    return model_doc(m, NS, {"mode": "Shared", "pool": POOL}, warmup=True)
 
 
 @dataclass
@@ -201,6 +203,9 @@ def test_six_models_share_fewer_pods(pool: SharedPool) -> None:
     assert all(p.spec.node_name == pool.lab.node for p in pods)
     assert status["pods"] == len(pods)
     assert status["readyPods"] >= 1
+    # the CRD's status schema takes the condition the operator writes (pool_sync.pool_validity)
+    valid = [(c["status"], c["reason"]) for c in status.get("conditions") or [] if c["type"] == "ConfigValid"]
+    assert valid == [("True", "Valid")], status
     for m in MODELS:
         assert placed[m.name]["mode"] == "Shared"
         assert placed[m.name]["pool"] == POOL

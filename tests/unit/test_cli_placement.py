@@ -79,7 +79,9 @@ def test_the_table_shows_gpus_models_and_the_comparison(fleet: Path, capsys: pyt
         ([*rate_flags(), "--rate", "nobody=1"], "--rate: nobody: no such model"),
         ([*rate_flags(), "--rate", "big=fast"], "--rate: 'big=fast' must be NAME=RPS"),
         ([*rate_flags(), "--memory", "big=99999"], "big: memory=99999 MiB must be > 0 and fit"),
-        ([*rate_flags(), "--gpu-memory-mib", "256"], "--gpu-memory-mib: gpu_memory_mib=256 leaves no room"),
+        ([*rate_flags(), "--gpu-memory-mib", "256"], "--gpu-memory-mib=256 must be finite and over the server's own"),
+        ([*rate_flags(), "--gpu-memory-mib", "inf"], "--gpu-memory-mib=inf must be finite"),
+        ([*rate_flags(), "--memory", "nosuch=4096"], "--memory: nosuch: no such model in"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_per_problem(
@@ -109,3 +111,44 @@ def test_a_folder_of_too_many_files_is_refused(
         (tmp_path / f"{n}.yaml").write_text(yaml.safe_dump(named(n)))
     assert main(["plan", str(tmp_path)]) == 2
     assert "holds 3 model files, over the 2 a folder may" in capsys.readouterr().err
+
+
+def test_spec_placement_memory_is_the_models_figure_unless_memory_flags_override_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's order (controller/pool_sync.py): spec.placement.memoryMiB is what the plan packs by."""
+    docs = [named(n) for n in RATES]
+    docs[0]["spec"]["placement"] = {"mode": "Dedicated", "memoryMiB": 99999}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    assert main(["plan", str(path), *rate_flags()]) == 2
+    assert "big: memory=99999 MiB must be > 0 and fit" in capsys.readouterr().err
+    assert main(["plan", str(path), *rate_flags(), "--memory", "big=4096", "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert next(m for m in out["models"] if m["name"] == "big")["memoryMib"] == 4096
+
+
+def test_the_shared_example_folder_checks_its_pool_and_places_its_models(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder, rates = ROOT / "examples" / "shared", ROOT / "examples" / "shared-rates.yaml"
+    assert main(["plan", str(folder), "--rates", str(rates), "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {m["name"] for m in out["models"]} == {"resnet50", "text-classifier", "detector"}
+    assert out["gpus"] < out["oneModelPerGpu"]
+    assert main(["plan", str(folder)]) == 0
+    assert "GPUPool small-models: accepted" in capsys.readouterr().out
+
+
+def test_a_pool_in_the_folder_that_the_operator_would_refuse_is_named_by_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = yaml.safe_load((ROOT / "examples" / "shared" / "pool.yaml").read_text())
+    pool["spec"]["minPods"], pool["spec"]["maxPods"] = 6, 2
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(named("big")))
+    for flags in ([], ["--rate", "big=10"]):
+        assert main(["plan", str(tmp_path), *flags]) == 2
+        err = capsys.readouterr().err
+        assert "pool.yaml: spec.minPods=6 must be <= spec.maxPods=2" in err
+        assert "Traceback" not in err

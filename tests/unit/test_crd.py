@@ -497,7 +497,7 @@ def test_example_documents_are_accepted(doc: dict[str, Any]) -> None:
 
 
 def test_committed_examples_are_accepted() -> None:
-    docs = [d for p in sorted((ROOT / "examples").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
+    docs = [d for p in sorted((ROOT / "examples").rglob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
     docs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "BatchedModel"]
     assert docs
     for doc in docs:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from batchfill.api.crd import POOL_CRD_NAME, POOL_REGENERATE_COMMAND, build_pool_crd, render_pool_crd_yaml
@@ -15,7 +16,7 @@ from batchfill.api.errors import SpecError
 from batchfill.api.pool import GPUPool, GPUPoolSpec
 from batchfill.api.spec import GPU_RESOURCE, BatchedModelSpec, PlacementMode
 from batchfill.api.status import PLACEMENT_PODS_MAX, BatchedModelStatus, PlacementStatus
-from batchfill.api.validate import load_model
+from batchfill.api.validate import load_model, pool_problems
 from batchfill.cli.main import main
 
 from .conftest import SEED_DOC
@@ -222,3 +223,45 @@ def test_the_largest_placement_status_is_small() -> None:
         planHeadroom=1, reason="R" * 64, message="m" * 1024, since="2026-12-02T09:00:00Z",
     )  # fmt: skip
     assert len(largest.model_dump_json()) < 6 * 1024
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"minPods": 5, "maxPods": 2}, ["spec.minPods=5 must be <= spec.maxPods=2"]),
+        ({"repository": {}}, ["spec.repository: exactly one of pvc, image or uri must be set"]),
+        (
+            {"triton": {"resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "1"}}}},
+            ["spec.triton.resources.requests[cpu]: must be less than or equal to spec.triton.resources.limits[cpu]"],
+        ),
+        (
+            {"triton": {"resources": {"requests": {"cpu": "-1"}}}},
+            ["spec.triton.resources.requests[cpu]='-1' must not be negative"],
+        ),
+        (
+            {"triton": {"resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}}}},
+            [
+                "spec.triton.resources.requests[nvidia.com/gpu]: the pool's GPU is spec.gpuResource and "
+                "spec.gpusPerPod, not triton.resources",
+                "spec.triton.resources.limits[nvidia.com/gpu]: the pool's GPU is spec.gpuResource and "
+                "spec.gpusPerPod, not triton.resources",
+                "spec.triton.resources.requests[nvidia.com/gpu]: must equal its limit (extended resources cannot be "
+                "overcommitted)",
+            ],
+        ),
+        ({}, []),
+    ],
+)
+def test_pool_problems_name_the_fields_the_crd_or_the_deployment_would_refuse(
+    spec: dict[str, Any], expected: list[str]
+) -> None:
+    """What the CRD's CEL rules refuse (checked again for an object stored before them) and what only the API
+    server's check of the pool's Deployment would: the operator says it on the GPUPool (pool_loop._refuse)."""
+    parsed = GPUPoolSpec.model_validate({**POOL_DOC["spec"], **spec})
+    assert [str(p) for p in pool_problems(parsed)] == expected
+
+
+def test_the_committed_pool_example_is_accepted_by_its_crd_and_the_operator() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "shared" / "pool.yaml").read_text())
+    assert errors(doc["spec"], pool_schema()["properties"]["spec"]) == []
+    assert pool_problems(GPUPool.model_validate(doc).spec) == []

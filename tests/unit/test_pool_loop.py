@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from batchfill.adapters.kube import KubeTemporaryError
+from batchfill.adapters.kube import KubePermanentError, KubeTemporaryError
 from batchfill.adapters.triton_repository import IndexEntry, ModelState, TritonCallError
 from batchfill.api.pool import POOL_PLURAL, GPUPoolSpec
 from batchfill.api.reasons import PoolModelReason as Why
@@ -472,3 +472,57 @@ def test_each_pods_gpu_time_is_split_among_its_models_by_execution_time_and_expo
     assert share == pytest.approx(0.75)
     for m in ("bm-a", "bm-b"):
         forget(NS, m)
+
+
+def _config_valid(kube: PoolKube) -> dict[str, Any] | None:
+    conditions = (kube.gpu_pools[0].get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "ConfigValid"), None)
+
+
+def test_a_pool_spec_that_cannot_be_served_is_named_by_field_once_and_its_pods_left_alone(bed: Bed) -> None:
+    pool = bed.kube.gpu_pools[0]
+    pool["spec"]["triton"] = {"resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "1"}}}
+    pool["metadata"]["generation"] = 2
+    calls = bed.tick()
+    refused = _config_valid(bed.kube)
+    assert refused is not None
+    assert (refused["status"], refused["reason"]) == ("False", "InvalidSpec")
+    assert refused["message"] == "spec.triton.resources.requests[cpu]: must be less than or equal to " \
+                                 "spec.triton.resources.limits[cpu]"  # fmt: skip
+    assert bed.kube.gpu_pools[0]["status"]["observedGeneration"] == 2
+    assert [e[:2] for e in bed.kube.events] == [("Warning", "InvalidSpec")]
+    assert not [c for c in calls if c[0] in ("apply", "load", "unload", "patch_pod_metadata")]
+    # the same problem next tick: nothing written again, no second event
+    again = bed.tick()
+    assert not [c for c in again if c[0] in ("patch_pool_status", "post_event", "apply")]
+    # a schema error (what pydantic refuses) is named the same way
+    pool = bed.kube.gpu_pools[0]
+    pool["spec"]["maxPods"] = 0
+    bed.tick()
+    assert _config_valid(bed.kube)["message"].startswith("spec.maxPods: must be positive")  # type: ignore[index]
+    # fixed: served again, ConfigValid True
+    pool = bed.kube.gpu_pools[0]
+    pool["spec"]["maxPods"] = 4
+    pool["spec"]["triton"] = {}
+    calls = bed.tick()
+    assert any(c[0] == "apply" and c[1] == "Deployment" for c in calls)
+    assert (_config_valid(bed.kube) or {}).get("status") == "True"
+
+
+def test_a_pool_deployment_the_api_server_refuses_is_said_on_the_pool(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_apply = bed.kube.apply
+
+    def refuse(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Deployment":
+            raise KubePermanentError(f"apply Deployment {NS}/{obj['metadata']['name']}: HTTP 422: exceeded quota")
+        return real_apply(obj)
+
+    monkeypatch.setattr(bed.kube, "apply", refuse)
+    bed.tick()
+    refused = _config_valid(bed.kube)
+    assert refused is not None
+    assert (refused["status"], refused["reason"]) == ("False", "ApplyRejected")
+    assert "HTTP 422: exceeded quota" in refused["message"]
+    assert [e[:2] for e in bed.kube.events if e[0] == "Warning"] == [("Warning", "ApplyRejected")]

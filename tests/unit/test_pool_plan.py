@@ -232,7 +232,10 @@ def test_a_members_rate_adds_its_own_replicas_only_while_its_own_scaling_loop_wr
     assert member_rate(False, None, model_doc("a", "Shared", **observed)) is None
     unknown = model_doc("a", "Auto", placement={"mode": "Dedicated", "pool": POOL}, observed={"requestRate": None})
     assert member_rate(False, None, unknown) is None
-    assert member_rate(True, 1.0, unknown) == 1.0
+    # a draining pool copy's rate is not the load of a model its own replicas serve: unknown, the plan keeps the
+    # last known rate and does not move it back
+    assert member_rate(True, 0.0, unknown) is None
+    assert member_rate(True, 1.0, unknown) is None
 
 
 def test_a_shared_models_status_counts_its_copies_as_ready_up_to_date_replicas() -> None:
@@ -410,3 +413,24 @@ def test_the_pool_shrinks_only_to_the_pods_still_serving_a_model() -> None:
     assert drained is not None
     assert drained["spec"]["replicas"] == 1
     assert pool_deployment(OWNER, SPEC, _cached(3, digest), 9, [])["spec"]["replicas"] == SPEC.maxPods  # type: ignore[index]
+
+
+def test_a_member_the_plan_refused_keeps_its_reason_while_the_plan_holds() -> None:
+    (_, a, _), (_, b, _) = members(("a", 5.0, "Shared"), ("b", 5.0, "Shared"))
+    huge = Member(b.name, b.spec, b.mode, memory_mib=10**6, rate_rps=5.0, solo=b.solo)  # above the pool's GPU
+    first = decide_pool_plan(SPEC, [a, huge], ["p0", "p1"], PoolPlanMemory(), T0)
+    reason = first.notes["bm-b"]
+    assert reason == "spec.placement.memoryMiB=1e+06 MiB must be > 0 and fit the GPU's 9728 MiB left beside the server"
+    # ticks that keep the plan restate the reason it gave, not another one (status would flip each tick)
+    kept = decide_pool_plan(SPEC, [a, huge], ["p0", "p1"], first.memory, T0 + 5)
+    assert kept.placement is first.placement
+    assert kept.notes == first.notes
+
+
+def test_a_pool_gpu_without_room_beside_the_server_is_named_by_its_field() -> None:
+    ((_, a, _),) = members(("a", 5.0, "Shared"))
+    small = SPEC.model_copy(update={"gpuMemoryMiB": 512})
+    plan = decide_pool_plan(small, [a], ["p0"], PoolPlanMemory(), T0)
+    assert plan.placement is None
+    assert plan.notes == {"bm-a": "the GPUPool's spec.gpuMemoryMiB=512 leaves no room beside the Triton server's "
+                                  "512 MiB"}  # fmt: skip

@@ -32,6 +32,7 @@ from batchfill.api.spec import (
     cel,
     resources_keys_rule,
 )
+from batchfill.api.status import Condition
 
 POOL_KIND = "GPUPool"
 POOL_PLURAL = "gpupools"
@@ -127,6 +128,12 @@ class GPUPoolStatus(BaseModel):
     models: int | None = Field(default=None, ge=0, description="BatchedModels placed on the pool.")
     planHeadroom: float | None = Field(
         default=None, ge=0, le=1, description="Least fraction of a pod's GPU time the plan leaves unused."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=8,
+        description="ConfigValid: False (InvalidSpec, ApplyRejected) naming the fields while the pool cannot be "
+        "served; the pool's pods are then left as they are.",
     )
 
 

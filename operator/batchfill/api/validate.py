@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from batchfill.api.errors import Problem, SpecError, field_path
+from batchfill.api.pool import GPUPool, GPUPoolSpec
 from batchfill.api.reasons import SpecReason
 from batchfill.api.spec import GPU_RESOURCE as SPEC_GPU_RESOURCE
 from batchfill.api.spec import (
@@ -26,8 +27,10 @@ from batchfill.api.spec import (
     DataType,
     ModelSpec,
     PlacementMode,
+    ResourceRequirements,
     SequenceStrategy,
     TaintEffect,
+    Toleration,
     TolerationOperator,
 )
 
@@ -379,6 +382,22 @@ def load_model(doc: Mapping[str, Any]) -> BatchedModel:
     return bm
 
 
+def load_pool(doc: Mapping[str, Any]) -> GPUPool:
+    """Validate one parsed GPUPool document (its schema, then :func:`pool_problems`).
+
+    Raises:
+        SpecError: with one problem per bad field.
+    """
+    try:
+        pool = GPUPool.model_validate(doc)
+    except ValidationError as err:
+        raise SpecError(problems_from_validation_error(err, root="")) from None
+    problems = pool_problems(pool.spec)
+    if problems:
+        raise SpecError(problems)
+    return pool
+
+
 # -- fields copied into the Triton pod template --------------------------------------------------------------------
 # The API server validates the Deployment only when the operator applies it; a value it refuses there would leave the
 # BatchedModel with no condition. So the pod rules that the CRD schema cannot express are checked here, with the
@@ -433,17 +452,50 @@ def parse_quantity(q: int | str) -> Decimal | None:
         return None
 
 
-def _check_pod_fields(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a flat list of independent field checks)
-    p: list[Problem] = []
+def _check_pod_fields(spec: BatchedModelSpec) -> list[Problem]:
     t = spec.triton
-    for key, value in t.nodeSelector.items():
-        where = f"spec.triton.nodeSelector[{key}]"
+    return pod_field_problems("spec.triton", t.resources, t.nodeSelector, t.tolerations, t.gpuResource)
+
+
+def pool_problems(spec: GPUPoolSpec) -> list[Problem]:
+    """What is wrong with a GPUPool's spec beyond its schema: the rules its CRD states in CEL (checked again for
+    an object stored before them), the pod fields the API server would refuse only on the pool's Deployment (a
+    request above its limit, a malformed quantity or label), each named by its field; [] when it can be served."""
+    p: list[Problem] = []
+    if spec.minPods > spec.maxPods:
+        p.append(Problem("spec.minPods", f"={spec.minPods} must be <= spec.maxPods={spec.maxPods}"))
+    r = spec.repository
+    if sum(x is not None for x in (r.pvc, r.image, r.uri)) != 1:
+        p.append(Problem("spec.repository", "exactly one of pvc, image or uri must be set"))
+    t = spec.triton
+    for group, quantities in (("requests", t.resources.requests), ("limits", t.resources.limits)):
+        for name in quantities:
+            if name.startswith(NVIDIA_DOMAIN) or name == spec.gpuResource:
+                why = "the pool's GPU is spec.gpuResource and spec.gpusPerPod, not triton.resources"
+                p.append(Problem(f"spec.triton.resources.{group}[{name}]", why))
+    p.extend(pod_field_problems("spec.triton", t.resources, t.nodeSelector, t.tolerations, spec.gpuResource))
+    return p
+
+
+def pod_field_problems(  # noqa: C901 (a flat list of independent field checks)
+    root: str,
+    resources: ResourceRequirements,
+    node_selector: Mapping[str, str],
+    tolerations: Sequence[Toleration],
+    gpu_resource: str,
+) -> list[Problem]:
+    """The problems of a Triton container's pod fields under field path ``root`` (``spec.triton``): node selector
+    keys and values, tolerations, resource names and quantities, requests against limits (``gpu_resource`` is
+    left to the caller, whose GPU rule differs)."""
+    p: list[Problem] = []
+    for key, value in node_selector.items():
+        where = f"{root}.nodeSelector[{key}]"
         if why := qualified_name_error(key):
             p.append(Problem(where, f"is not a valid label key: {why}"))
         if why := label_value_error(value):
             p.append(Problem(where, f"={_describe(value)} is not a valid label value: {why}"))
-    for i, tol in enumerate(t.tolerations):
-        base = f"spec.triton.tolerations[{i}]"
+    for i, tol in enumerate(tolerations):
+        base = f"{root}.tolerations[{i}]"
         exists = tol.operator is TolerationOperator.EXISTS
         if tol.key and (why := qualified_name_error(tol.key)):
             p.append(Problem(f"{base}.key", f"={_describe(tol.key)} is not a valid label key: {why}"))
@@ -456,9 +508,9 @@ def _check_pod_fields(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a
         if tol.tolerationSeconds is not None and tol.effect is not TaintEffect.NO_EXECUTE:
             p.append(Problem(f"{base}.tolerationSeconds", "needs effect NoExecute"))
     values: dict[str, dict[str, Decimal]] = {}
-    for group, quantities in (("requests", t.resources.requests), ("limits", t.resources.limits)):
+    for group, quantities in (("requests", resources.requests), ("limits", resources.limits)):
         for name, q in quantities.items():
-            where = f"spec.triton.resources.{group}[{name}]"
+            where = f"{root}.resources.{group}[{name}]"
             extended = "/" in name and "kubernetes.io/" not in name
             if why := qualified_name_error(name):
                 p.append(Problem(where, f"is not a valid resource name: {why}"))
@@ -478,11 +530,11 @@ def _check_pod_fields(spec: BatchedModelSpec) -> list[Problem]:  # noqa: C901 (a
                 values.setdefault(group, {})[name] = n
     requests, limits = values.get("requests", {}), values.get("limits", {})
     for name in sorted(set(requests) & set(limits)):
-        if name == t.gpuResource:
+        if name == gpu_resource:
             continue  # _check_resources names the GPU rule
-        where = f"spec.triton.resources.requests[{name}]"
+        where = f"{root}.resources.requests[{name}]"
         if "/" in name and "kubernetes.io/" not in name and requests[name] != limits[name]:
             p.append(Problem(where, "must equal its limit (extended resources cannot be overcommitted)"))
         elif requests[name] > limits[name]:
-            p.append(Problem(where, f"must be less than or equal to spec.triton.resources.limits[{name}]"))
+            p.append(Problem(where, f"must be less than or equal to {root}.resources.limits[{name}]"))
     return p

@@ -20,9 +20,17 @@ from rich.table import Table
 
 from batchfill.api.documents import parse_documents
 from batchfill.api.errors import Problem, SpecError
-from batchfill.api.validate import load_model
+from batchfill.api.pool import POOL_KIND, GPUPool
+from batchfill.api.spec import BatchedModelSpec
+from batchfill.api.validate import load_model, load_pool
 from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, read_text
-from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB, ModelDemand, Placement, plan_placement
+from batchfill.policy.placement import (
+    DEFAULT_MODEL_MEMORY_MIB,
+    DEFAULT_SERVER_OVERHEAD_MIB,
+    ModelDemand,
+    Placement,
+    plan_placement,
+)
 
 #: Most model files a folder may hold (each file is bounded by api/documents.py; this bounds their number).
 MAX_FOLDER_FILES = 2_000
@@ -52,6 +60,24 @@ def fleet_documents(path: str) -> list[tuple[str, Any]]:
     return out
 
 
+def split_pools(docs: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], list[tuple[str, GPUPool]], list[Problem]]:
+    """The documents that are not GPUPools; the GPUPools that are valid; the problems of the others, each labelled
+    with its file. A folder a team keeps in Git holds its pool beside its models: the pool is checked as the
+    operator checks it (:func:`batchfill.api.validate.load_pool`), not refused as a BatchedModel that is not."""
+    rest: list[tuple[str, Any]] = []
+    pools: list[tuple[str, GPUPool]] = []
+    problems: list[Problem] = []
+    for label, doc in docs:
+        if not (isinstance(doc, dict) and doc.get("kind") == POOL_KIND):
+            rest.append((label, doc))
+            continue
+        try:
+            pools.append((label, load_pool(doc)))
+        except SpecError as e:
+            problems += [Problem(f"{label}: {q.path}", q.message) for q in e.problems]
+    return rest, pools, problems
+
+
 def _pairs(values: list[str], flag: str, unit: str) -> tuple[dict[str, float], list[Problem]]:
     """``NAME=NUMBER`` flags as a mapping, and a problem for each malformed one."""
     out: dict[str, float] = {}
@@ -67,6 +93,20 @@ def _pairs(values: list[str], flag: str, unit: str) -> tuple[dict[str, float], l
         else:
             out[name] = x
     return out, problems
+
+
+def gpu_memory_problems(gpu_memory_mib: float) -> list[Problem]:
+    """``--gpu-memory-mib``: finite and above what the Triton server itself holds, MiB."""
+    if gpu_memory_mib > DEFAULT_SERVER_OVERHEAD_MIB and math.isfinite(gpu_memory_mib):
+        return []
+    why = f"={gpu_memory_mib:g} must be finite and over the server's own {DEFAULT_SERVER_OVERHEAD_MIB:g} MiB"
+    return [Problem("--gpu-memory-mib", why)]
+
+
+def memory_mib(name: str, spec: BatchedModelSpec, flags: dict[str, float]) -> float:
+    """The GPU memory a model holds, MiB, in the operator's order (controller/pool_sync.py): ``--memory NAME=MIB``,
+    else its ``spec.placement.memoryMiB``, else the default."""
+    return flags.get(name, spec.placement.memoryMiB or DEFAULT_MODEL_MEMORY_MIB)
 
 
 def _rates(args: argparse.Namespace) -> tuple[dict[str, float], list[Problem]]:
@@ -195,7 +235,7 @@ def _demands(
         if name not in rates:
             problems.append(Problem(f"{label}: {name}", "has no rate: give --rate NAME=RPS or list it in --rates"))
             continue
-        demands.append(ModelDemand(name, bm.spec, rates[name], memory.get(name, DEFAULT_MODEL_MEMORY_MIB)))
+        demands.append(ModelDemand(name, bm.spec, rates[name], memory_mib(name, bm.spec, memory)))
     return demands, names, problems
 
 
@@ -210,12 +250,16 @@ def command(args: argparse.Namespace, out: Console, err: Console) -> int:
         for q in e.problems:
             err_line(err, str(q))
         return EXIT_USAGE
-    rates, problems = _rates(args)
+    docs, _, problems = split_pools(docs)
+    rates, bad = _rates(args)
+    problems += bad
     memory, bad = _pairs(args.memory or [], "--memory", "MiB")
     problems += bad
     demands, names, bad = _demands(docs, rates, memory)
     problems += bad
     problems += [Problem("--rate", f"{n}: no such model in {args.file}") for n in sorted(set(rates) - names)]
+    problems += [Problem("--memory", f"{n}: no such model in {args.file}") for n in sorted(set(memory) - names)]
+    problems += gpu_memory_problems(args.gpu_memory_mib)
     if not docs:
         problems.append(Problem(args.file, "no YAML documents"))
     if not problems:

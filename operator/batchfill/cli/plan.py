@@ -130,11 +130,19 @@ def command(args: argparse.Namespace, out: Console, err: Console) -> int:
         for p in e.problems:
             err_line(err, str(p))
         return EXIT_USAGE
-    if not labelled:
+    labelled, pools, problems = placement.split_pools(labelled)
+    for p in problems:
+        err_line(err, str(p))
+    if args.output == "table":
+        for label, pool in pools:
+            s = pool.spec
+            out.print(f"{label}: GPUPool {pool.metadata.name}: accepted ({s.gpusPerPod} x {s.gpuResource} of "
+                      f"{s.gpuMemoryMiB} MiB per pod, {s.minPods}..{s.maxPods} pods)", highlight=False)  # fmt: skip
+    if not labelled and not pools and not problems:
         err_line(err, f"{args.file}: no YAML documents")
         return EXIT_USAGE
     planned: list[dict[str, Any]] = []
-    failed = False
+    failed = bool(problems)
     for label, doc in labelled:
         try:
             planned.append(plan_document(doc, args.rps, args.seed))

@@ -28,10 +28,9 @@ from batchfill.api.documents import parse_documents
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.validate import load_model
 from batchfill.cli.common import EXIT_OK, EXIT_USAGE, err_line, read_text
-from batchfill.cli.placement import _pairs, fleet_documents
+from batchfill.cli.placement import _pairs, fleet_documents, gpu_memory_problems, memory_mib, split_pools
 from batchfill.cli.simulate import _wide, parse_duration
 from batchfill.compare.shared_fleet import FleetModels, FleetRun, attainment, diurnal_rates, replan_fleet
-from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB, DEFAULT_SERVER_OVERHEAD_MIB
 from batchfill.policy.plan import plan_batching
 from batchfill.sim.traces import MAX_RATE_RPS, MAX_TRACE_REQUESTS
 
@@ -57,7 +56,8 @@ def _models(path: str, memory: dict[str, float]) -> tuple[FleetModels | None, li
         return None, [Problem(path, f"cannot read: {e.strerror or e}")]
     except SpecError as e:
         return None, list(e.problems)
-    problems: list[Problem] = [] if docs else [Problem(path, "no YAML documents")]
+    docs, _, problems = split_pools(docs)
+    problems += [] if docs else [Problem(path, "no YAML documents")]
     specs, plans = {}, {}
     for label, doc in docs:
         try:
@@ -76,7 +76,7 @@ def _models(path: str, memory: dict[str, float]) -> tuple[FleetModels | None, li
     if problems:
         return None, problems
     names = tuple(specs)
-    return FleetModels(names, specs, plans, {n: memory.get(n, DEFAULT_MODEL_MEMORY_MIB) for n in names}), []
+    return FleetModels(names, specs, plans, {n: memory_mib(n, specs[n], memory) for n in names}), []
 
 
 def _series(path: str, names: tuple[str, ...]) -> tuple[dict[str, list[float]], list[Problem]]:
@@ -138,9 +138,7 @@ def _check_numbers(args: argparse.Namespace, duration_s: float | None) -> list[P
         problems.append(Problem("--seed", f"={args.seed} must be >= 0"))
     if args.fleet_trace and args.rates:
         problems.append(Problem("--fleet-trace", f"={args.fleet_trace} and --rates both give the rates: choose one"))
-    if not (args.gpu_memory_mib > DEFAULT_SERVER_OVERHEAD_MIB and math.isfinite(args.gpu_memory_mib)):
-        why = f"={args.gpu_memory_mib:g} must be finite and over the server's own {DEFAULT_SERVER_OVERHEAD_MIB:g} MiB"
-        problems.append(Problem("--gpu-memory-mib", why))
+    problems += gpu_memory_problems(args.gpu_memory_mib)
     if duration_s is not None and duration_s > MAX_DURATION_S:
         problems.append(Problem("--duration", f"={args.duration} is over the {MAX_DURATION_S / 86400:g} days allowed"))
     return problems

@@ -38,8 +38,10 @@ from batchfill.adapters.metrics import SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.adapters.triton_repository import IndexEntry, TritonCallError
 from batchfill.api.pool import POOL_PLURAL, GPUPoolSpec
+from batchfill.api.reasons import SpecReason
 from batchfill.api.spec import BatchedModelSpec, PlacementMode
 from batchfill.api.status import PlanStatus
+from batchfill.api.validate import pool_problems, problems_from_validation_error
 from batchfill.controller.desired import Desired
 from batchfill.controller.loops import PeriodicLoop, watched
 from batchfill.controller.pool_cost import CostMemory, decide_cost
@@ -59,7 +61,15 @@ from batchfill.controller.pool_models import (
     wanted_model,
 )
 from batchfill.controller.pool_plan import Member, PoolPlan, PoolPlanMemory, decide_pool_plan
-from batchfill.controller.pool_sync import labelled, member, member_writes, pool_deployment, pool_status
+from batchfill.controller.pool_sync import (
+    POOL_MESSAGE_MAX,
+    labelled,
+    member,
+    member_writes,
+    pool_deployment,
+    pool_status,
+    pool_validity,
+)
 from batchfill.controller.reconcile import SERVICE_MONITOR, apply_service_monitor, log_event, reapply
 from batchfill.controller.settings import OperatorSettings
 from batchfill.controller.shared_status import member_rate
@@ -270,8 +280,12 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         ns, name = meta["namespace"], meta["name"]
         try:
             spec = GPUPoolSpec.model_validate(body.get("spec") or {})
+            problems = pool_problems(spec)
         except ValidationError as err:
-            log.warning("%s of %s/%s skipped: spec invalid (%d errors)", self.name, ns, name, err.error_count())
+            problems = problems_from_validation_error(err)
+        if problems:
+            # the pool's pods are left as they are: a spec that cannot be served changes nothing it runs
+            self._refuse(body, SpecReason.INVALID_SPEC, "; ".join(str(p) for p in problems), now)
             return
         raw = self.view.list_pods(ns, pool_selector_labels(name))
         pods = self._gather(raw, spec.maxPods + 1)
@@ -291,8 +305,22 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         by_name = {m["metadata"]["name"]: m for m in models if m["metadata"].get("namespace") == ns}
         for e in events:
             self._post(by_name.get(e.name, body), e)
-        self._sync(body, spec, raw, members, pool_plan, signals, now)
+        try:
+            self._sync(body, spec, raw, members, pool_plan, signals, now)
+        except KubePermanentError as err:  # an admission rule, a quota, a limit range refused what the pool renders
+            self._refuse(body, SpecReason.APPLY_REJECTED, f"the API server refused the pool's objects: {err}", now)
+            return
         self._charge(body, spec, pods, members, now)
+
+    def _refuse(self, body: Mapping[str, Any], reason: SpecReason, why: str, now: float) -> None:
+        """ConfigValid=False on the GPUPool, naming the fields; one Warning event each time the message changes."""
+        meta = body["metadata"]
+        changed = pool_validity(body, why, reason, now)
+        if not changed:
+            return
+        if self.kube.patch_status(body, changed, plural=POOL_PLURAL):
+            self.kube.post_event(body, "Warning", reason, why[:POOL_MESSAGE_MAX])
+            log_event(meta["namespace"], meta["name"], "Warning", reason, why[:POOL_MESSAGE_MAX])
 
     def _charge(
         self,
@@ -380,7 +408,7 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
                 continue  # changed meanwhile: the next tick writes from the newer copy
             if w.reapply:
                 reapply(self.kube, m["name"], m["namespace"], now=now)
-        changed = pool_status(body, plan, raw, len(members))
+        changed = {**pool_status(body, plan, raw, len(members)), **pool_validity(body, None, "", now)}
         if changed:
             self.kube.patch_status(body, changed, plural=POOL_PLURAL)
 

@@ -30,10 +30,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from batchfill.api.errors import SpecError
+from batchfill.api.errors import Problem, SpecError
 from batchfill.api.pool import GPUPoolSpec
 from batchfill.api.spec import BatchedModelSpec, PlacementMode
-from batchfill.policy.placement import DEFAULT_MODEL_MEMORY_MIB, ModelDemand, Placement, plan_placement
+from batchfill.policy.placement import (
+    DEFAULT_MODEL_MEMORY_MIB,
+    DEFAULT_SERVER_OVERHEAD_MIB,
+    ModelDemand,
+    Placement,
+    plan_placement,
+)
 from batchfill.policy.plan import PlanResult
 
 #: Seconds between two joint plans of an unchanged pool (a plan simulates every shared GPU: ~0.1-1 s per GPU).
@@ -78,10 +84,12 @@ class Member:
 @dataclass(frozen=True)
 class PoolPlanMemory:
     """What one pool's ticks keep: the placement in force, what it was planned for (members' keys) and when
-    (epoch s), the last known rate of each member (req/s), and the pod each slot is on."""
+    (epoch s), the notes on the members that plan left out, the last known rate of each member (req/s), and the
+    pod each slot is on."""
 
     placement: Placement | None = None
     key: tuple[tuple[str, str], ...] = ()
+    notes: Mapping[str, str] = field(default_factory=dict)
     at: float = -math.inf
     rates: Mapping[str, float] = field(default_factory=dict)
     slots: Mapping[Slot, str] = field(default_factory=dict)
@@ -150,6 +158,18 @@ def held_members(members: Sequence[Member], current: Placement | None) -> list[M
     return out
 
 
+#: The joint plan's names for a demand's figures (batchfill.policy.placement.ModelDemand), as a member's status
+#: names them: the field a user sets, or what the operator measured.
+_DEMAND_FIELDS = {"memory": "spec.placement.memoryMiB", "rate": "the observed request rate"}
+
+
+def _member_note(problem: Problem) -> str:
+    """A problem the joint plan found with one member, its path from the member's spec ("bm-a: memory" ->
+    "spec.placement.memoryMiB=... MiB must ...")."""
+    rest = problem.path.split(":", 1)[1].strip() if ":" in problem.path else problem.path
+    return str(Problem(_DEMAND_FIELDS.get(rest, rest), problem.message))
+
+
 def _place(
     spec: GPUPoolSpec, members: Sequence[Member], rates: Mapping[str, float], current: Placement | None
 ) -> tuple[Placement | None, dict[str, str]]:
@@ -167,13 +187,15 @@ def _place(
             bad = {p.path.split(":", 1)[0] for p in err.problems}
             for m in placed:
                 if m.name in bad:
-                    notes[m.name] = "; ".join(p.message for p in err.problems if p.path.startswith(f"{m.name}:"))
+                    notes[m.name] = "; ".join(_member_note(p) for p in err.problems if p.path.startswith(f"{m.name}:"))
             if not bad & {m.name for m in placed}:
                 notes.update({m.name: str(err) for m in placed})
                 return None, notes
             placed = [m for m in placed if m.name not in bad]
-        except ValueError as err:  # the pool's GPU memory leaves nothing beside the server
-            notes.update({m.name: str(err) for m in placed})
+        except ValueError:  # the pool's GPU memory leaves nothing beside the server (names are unique)
+            why = (f"the GPUPool's spec.gpuMemoryMiB={spec.gpuMemoryMiB} leaves no room beside the Triton server's "
+                   f"{DEFAULT_SERVER_OVERHEAD_MIB:g} MiB")  # fmt: skip
+            notes.update({m.name: why for m in placed})
             return None, notes
     return None, notes
 
@@ -262,9 +284,9 @@ def decide_pool_plan(
     if not members:
         placement, notes = None, {}
     elif memory.key == key and now - memory.at < REPLAN_S and not rates_rose(memory.placement, rates):
-        placement = memory.placement
-        notes = {m.name: "no profile yet: served on the pool's first pod until one is measured"
-                 for m in members if placement is None or m.name not in {p.name for p in placement.models}}  # fmt: skip
+        # the plan in force, with the reasons it gave for the members it left out: a kept plan restates them, or a
+        # member's status would alternate between its reason and another each tick
+        placement, notes = memory.placement, dict(memory.notes)
     else:
         placement, notes = _place(spec, held_members(members, memory.placement), rates, memory.placement)
     slots = pod_slots(placement, members)
@@ -274,6 +296,7 @@ def decide_pool_plan(
     kept = PoolPlanMemory(
         placement=placement,
         key=key,
+        notes=notes,
         at=now if replanned or not members else memory.at,
         rates=rates,
         slots={**{s: p for s, p in memory.slots.items() if s in slots}, **on},

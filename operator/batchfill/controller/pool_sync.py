@@ -28,7 +28,9 @@ from pydantic import ValidationError
 
 from batchfill.api.errors import SpecError
 from batchfill.api.pool import GPUPoolSpec
+from batchfill.api.reasons import ConditionReason, ConditionType
 from batchfill.api.spec import BatchedModelSpec, PlacementSpec, ProfilePoint
+from batchfill.api.status import ConditionStatus
 from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.pool_plan import Member, PoolPlan
 from batchfill.controller.shared_status import pooled_conditions, shared_status
@@ -189,6 +191,34 @@ def pool_status(
     }
     # a None removes the stored field (no plan now: no headroom; a stale figure would describe a plan gone)
     return changed_fields(body.get("status") or {}, wanted)
+
+
+#: Longest ConfigValid message written to a GPUPool's status, characters (a pool's problems are a few fields).
+POOL_MESSAGE_MAX = 2048
+
+
+def pool_validity(body: Mapping[str, Any], why: str | None, reason: str, now: float) -> dict[str, Any]:
+    """The GPUPool's ConfigValid condition, as the status fields that differ from the stored ones (empty: write
+    nothing).
+
+    Args:
+        body: the GPUPool as read.
+        why: None when the pool can be served (True, ``Valid``), else what is wrong, naming the fields.
+        reason: the condition's reason while ``why`` is set (a :class:`batchfill.api.reasons.SpecReason`).
+        now: seconds since the epoch (``lastTransitionTime`` of a flip).
+    """
+    stored = (body.get("status") or {}).get("conditions") or []
+    if why is None:
+        update = cond.ConditionUpdate(ConditionType.CONFIG_VALID, ConditionStatus.TRUE, ConditionReason.VALID)
+    else:
+        message = why if len(why) <= POOL_MESSAGE_MAX else why[: POOL_MESSAGE_MAX - 3] + "..."
+        update = cond.ConditionUpdate(ConditionType.CONFIG_VALID, ConditionStatus.FALSE, reason, message)
+    generation = body["metadata"].get("generation")
+    wanted = cond.apply_conditions(stored, [update], generation=generation, now=now)
+    out = changed_fields({"conditions": stored}, {"conditions": wanted})
+    if out and why is not None:
+        out["observedGeneration"] = generation
+    return out
 
 
 def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:

@@ -40,7 +40,8 @@ def member_rate(copies: bool, copies_rate_rps: float | None, body: Mapping[str, 
 
     Its pool copies' rate (read from the pool pods' ``model`` series) plus, while it also has replicas of its own,
     ``status.observed.requestRate``, which its own scaling loop writes each tick from those replicas and removes
-    when unknown. A model served shared has no scaling loop of its own, so its stored figure is stale and not read.
+    when unknown. A model served shared has no scaling loop of its own, so its stored figure is stale and not read;
+    one served on its own replicas has no known rate while that figure is missing, whatever its pool copies show.
     Without this, an ``Auto`` model that graduated to its own replicas keeps the rate it left the pool with, and
     never moves back when its load falls.
 
@@ -60,7 +61,10 @@ def member_rate(copies: bool, copies_rate_rps: float | None, body: Mapping[str, 
         return pool if copies else None
     own = known(((body.get("status") or {}).get("observed") or {}).get("requestRate"))
     if own is None:
-        return pool if copies else None
+        # away from the pool, its own replicas carry its load (its Service is switched to them once they are
+        # ready): a pool copy still draining serves next to nothing, and its rate alone would read as the load
+        # falling to 0 and move the model back on data that is not known
+        return None
     return pool + own
 
 
