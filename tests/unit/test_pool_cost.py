@@ -39,9 +39,27 @@ def test_an_unreadable_pod_charges_no_model_and_starts_again_from_its_next_read(
     assert [(s.gpu_seconds, s.unattributed_gpu_seconds, s.reason) for s in splits] == [
         ({}, 30.0, CostSplitReason.UNKNOWN_COUNTER)
     ]
+    assert memory.reads == {"p0": (T0 + 30, None)}
+    # the next interval has no counters to start from: charged to no model either, then split again
+    splits, memory = decide_cost({"p0": {"a": c(900.0)}}, NAMES, 1.0, memory, T0 + 60)
+    assert [(s.gpu_seconds, s.unattributed_gpu_seconds, s.reason) for s in splits] == [
+        ({}, 30.0, CostSplitReason.UNKNOWN_COUNTER)
+    ]
+    splits, _ = decide_cost({"p0": {"a": c(1900.0)}}, NAMES, 1.0, memory, T0 + 90)
+    assert [s.reason for s in splits] == [CostSplitReason.EXECUTION_TIME]
+
+
+def test_a_listed_pod_left_unread_for_a_tick_is_charged_so_every_second_adds_up() -> None:
+    """A pod not Ready for a moment (or its index unread) is not in ``reads`` but still holds its GPU."""
+    _, memory = decide_cost({"p0": {"a": c(0.0)}}, NAMES, 1.0, CostMemory(), T0)
+    total = 0.0
+    for i, read in enumerate(({}, {"p0": {"a": c(10.0)}}, {"p0": {"a": c(20.0)}})):
+        splits, memory = decide_cost(read, NAMES, 1.0, memory, T0 + 15 * (i + 1), listed=["p0"])
+        total += sum(sum(s.gpu_seconds.values()) + s.unattributed_gpu_seconds for s in splits)
+    assert total == pytest.approx(45.0)  # 3 intervals of 15 s, 1 GPU
+    # gone from the list: forgotten
+    _, memory = decide_cost({}, NAMES, 1.0, memory, T0 + 60, listed=[])
     assert memory.reads == {}
-    splits, _ = decide_cost({"p0": {"a": c(900.0)}}, NAMES, 1.0, memory, T0 + 60)
-    assert splits == []
 
 
 def test_a_gap_longer_than_the_bound_charges_nothing_and_a_pod_gone_is_forgotten() -> None:

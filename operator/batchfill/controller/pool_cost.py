@@ -2,15 +2,17 @@
 
 Between two reads of a pod's execution counters (Triton's statistics, one call per Ready pod per tick), the pod
 held ``gpusPerPod`` units of the pool's GPU resource for the time between the reads; that time is split among its
-models by their execution time. A pod whose counters could not be read this tick charges its interval to no model
-(``UnknownCounter``) and starts again from its next read; a pod read for the first time (new, or the operator
-restarted) only starts its interval: its earlier time is not known to this operator.
+models by their execution time. A pod whose counters could not be read this tick (the read failed, or the pod was
+not read at all: not Ready for a moment, its index unread) charges its interval to no model (``UnknownCounter``),
+and so does its next interval, which has no counters to start from; a pod read for the first time (new, or the
+operator restarted) only starts its interval: its earlier time is not known to this operator. So every second a
+pod once read is still listed counts, attributed or not.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from batchfill.api.reasons import CostSplitReason
@@ -23,9 +25,10 @@ MAX_INTERVAL_S = 600.0
 
 @dataclass(frozen=True)
 class CostMemory:
-    """Per pod: when its counters were last read (epoch s) and what they were, by BatchedModel name."""
+    """Per pod: when its interval last ended (epoch s) and its counters then, by BatchedModel name (None: they could
+    not be read, so the next interval has nothing to split by)."""
 
-    reads: Mapping[str, tuple[float, Mapping[str, ExecutionCounters]]] = field(default_factory=dict)
+    reads: Mapping[str, tuple[float, Mapping[str, ExecutionCounters] | None]] = field(default_factory=dict)
 
 
 def decide_cost(
@@ -34,6 +37,7 @@ def decide_cost(
     gpus_per_pod: float,
     memory: CostMemory,
     now: float,
+    listed: Collection[str] = (),
 ) -> tuple[list[CostSplit], CostMemory]:
     """This tick's splits, one per pod with an interval, and the memory for the next tick.
 
@@ -44,22 +48,28 @@ def decide_cost(
         gpus_per_pod: units of the GPU resource each pod holds (spec.gpusPerPod).
         memory: the previous tick's memory.
         now: seconds since the epoch.
+        listed: the names of every pod of the pool this tick (those in ``reads`` included): one the memory holds
+            that was not read is charged as unreadable.
 
     Returns:
         (splits, memory); a pod no longer listed is forgotten.
     """
     splits: list[CostSplit] = []
-    kept: dict[str, tuple[float, Mapping[str, ExecutionCounters]]] = {}
-    for pod, counters in sorted(reads.items()):
+    kept: dict[str, tuple[float, Mapping[str, ExecutionCounters] | None]] = {}
+    for pod in sorted(set(reads) | (set(listed) & set(memory.reads))):
+        counters = reads.get(pod)
         before = memory.reads.get(pod)
         interval = now - before[0] if before is not None else 0.0
         charged = before is not None and 0 < interval <= MAX_INTERVAL_S and math.isfinite(interval)
+        unknown = CostSplit({}, gpus_per_pod * interval, CostSplitReason.UNKNOWN_COUNTER)
         if counters is None:
             if charged:
-                splits.append(CostSplit({}, gpus_per_pod * interval, CostSplitReason.UNKNOWN_COUNTER))
+                splits.append(unknown)
+            if before is not None:
+                kept[pod] = (now, None)
             continue
         after = {names.get(m, m): c for m, c in counters.items()}
         if charged and before is not None:
-            splits.append(split_gpu_time(gpus_per_pod * interval, before[1], after))
+            splits.append(unknown if before[1] is None else split_gpu_time(gpus_per_pod * interval, before[1], after))
         kept[pod] = (now, after)
     return splits, CostMemory(kept)

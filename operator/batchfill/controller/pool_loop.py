@@ -344,8 +344,9 @@ class PoolModelsLoop(PeriodicLoop[PoolModelsMemory]):
         )
         reads = {p.name: None if isinstance(a, TritonCallError) else a for p, a in zip(known, answers, strict=True)}
         names = {m.spec.model.name: m.name for _, m, _ in members}
+        listed = [p.name for p in pods]  # a pod read before and unread now still held its GPU
         splits, self.costs[meta["uid"]] = decide_cost(
-            reads, names, float(spec.gpusPerPod), self.costs.get(meta["uid"], CostMemory()), now
+            reads, names, float(spec.gpusPerPod), self.costs.get(meta["uid"], CostMemory()), now, listed
         )
         operator_metrics.observe_cost(meta["namespace"], meta["name"], splits)
 
