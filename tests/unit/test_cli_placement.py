@@ -76,7 +76,8 @@ def test_the_table_shows_gpus_models_and_the_comparison(fleet: Path, capsys: pyt
     ("flags", "line"),
     [
         (["--rate", "big=300"], "mid: has no rate"),
-        ([*rate_flags(), "--rate", "nobody=1"], "--rate: nobody: no such model"),
+        ([*rate_flags(), "--rate", "nobody=1"], "--rate/--rates: nobody: no such model"),
+        ([*rate_flags(), "--rate", "big=1e300"], "--rate: big=1e+300 is over the 1e+07 req/s a model may have"),
         ([*rate_flags(), "--rate", "big=fast"], "--rate: 'big=fast' must be NAME=RPS"),
         ([*rate_flags(), "--memory", "big=99999"], "big: memory=99999 MiB must be > 0 and fit"),
         ([*rate_flags(), "--gpu-memory-mib", "256"], "--gpu-memory-mib=256 must be finite and over the server's own"),
@@ -152,3 +153,21 @@ def test_a_pool_in_the_folder_that_the_operator_would_refuse_is_named_by_field(
         err = capsys.readouterr().err
         assert "pool.yaml: spec.minPods=6 must be <= spec.maxPods=2" in err
         assert "Traceback" not in err
+
+
+def test_a_rates_file_is_bounded_and_its_values_never_rendered(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rates = tmp_path / "rates.yaml"
+    # nested aliases: a few hundred bytes that render to gigabytes (issue 15 item 10)
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, n in zip("abcdefgh", "bcdefghi")
+    )
+    rates.write_text(bomb + "big: *i\n")
+    assert main(["plan", str(fleet), "--rates", str(rates)]) == 2
+    err = capsys.readouterr().err
+    assert "--rates" in err
+    assert len(err) < 2000
+    rates.write_text("big: [1, 2]\nmid: 60\n")
+    assert main(["plan", str(fleet), "--rates", str(rates)]) == 2
+    assert "big: must be a number of req/s" in capsys.readouterr().err

@@ -31,6 +31,7 @@ from batchfill.policy.placement import (
     Placement,
     plan_placement,
 )
+from batchfill.sim.traces import MAX_RATE_RPS
 
 #: Most model files a folder may hold (each file is bounded by api/documents.py; this bounds their number).
 MAX_FOLDER_FILES = 2_000
@@ -115,16 +116,27 @@ def _rates(args: argparse.Namespace) -> tuple[dict[str, float], list[Problem]]:
     problems: list[Problem] = []
     if args.rates:
         try:
-            loaded = yaml.safe_load(read_text(args.rates))
-        except (OSError, yaml.YAMLError) as e:
-            return {}, [Problem("--rates", f"{args.rates}: cannot read a mapping of name to req/s: {e}")]
-        if not isinstance(loaded, dict):
-            return {}, [Problem("--rates", f"{args.rates}: must hold a mapping of model name to req/s")]
-        flags = [f"{k}={v}" for k, v in loaded.items()]
-        rates, problems = _pairs(flags, "--rates", "RPS")
+            docs = parse_documents(read_text(args.rates))  # bounded: size, aliases, nesting
+        except OSError as e:
+            return {}, [Problem("--rates", f"{args.rates}: cannot read a mapping of name to req/s: {e.strerror or e}")]
+        except SpecError as e:
+            return {}, [Problem("--rates", f"{args.rates}: {q}") for q in e.problems]
+        if len(docs) != 1 or not isinstance(docs[0], dict):
+            return {}, [Problem("--rates", f"{args.rates}: must hold one mapping of model name to req/s")]
+        flags = []
+        for k, v in docs[0].items():
+            if isinstance(v, bool) or not isinstance(v, int | float):  # never rendered: a value may be any YAML
+                problems.append(Problem("--rates", f"{args.rates}: {str(k)[:64]}: must be a number of req/s"))
+            else:
+                flags.append(f"{k}={v}")
+        rates, bad = _pairs(flags, "--rates", "RPS")
+        problems += bad
     more, bad = _pairs(args.rate or [], "--rate", "RPS")
     rates.update(more)
-    return rates, problems + bad
+    problems += bad
+    problems += [Problem("--rate", f"{n}={r:g} is over the {MAX_RATE_RPS:g} req/s a model may have")
+                 for n, r in sorted(rates.items()) if r > MAX_RATE_RPS]  # fmt: skip
+    return rates, problems
 
 
 def to_json(p: Placement) -> dict[str, Any]:
@@ -184,8 +196,8 @@ def _tables(console: Console, p: Placement) -> None:
         gpus.add_row(f"shared {s.gpu_id}", names, ", ".join(f"{q:.1f}" for q in s.p99_ms), f"{s.memory_mib:g}", d)
     console.print(gpus)
     models = Table(
-        title="Models: rate λ and capacity C in req/s, B max_batch_size, D max_queue_delay (µs), GPUs dedicated and "
-        "shared, latencies in ms",
+        title="Models: rate λ and capacity C in req/s, B max_batch_size, D max_queue_delay (µs), ded. its dedicated "
+        "GPUs, shared the shared GPU it is on (-: none), latencies in ms",
         header_style="bold",
     )
     heads = ("model", "λ", "C", "B", "D", "ded.", "shared", "p99", "target", "headroom")
@@ -257,7 +269,7 @@ def command(args: argparse.Namespace, out: Console, err: Console) -> int:
     problems += bad
     demands, names, bad = _demands(docs, rates, memory)
     problems += bad
-    problems += [Problem("--rate", f"{n}: no such model in {args.file}") for n in sorted(set(rates) - names)]
+    problems += [Problem("--rate/--rates", f"{n}: no such model in {args.file}") for n in sorted(set(rates) - names)]
     problems += [Problem("--memory", f"{n}: no such model in {args.file}") for n in sorted(set(memory) - names)]
     problems += gpu_memory_problems(args.gpu_memory_mib)
     if not docs:
