@@ -161,7 +161,8 @@ def test_a_rates_file_is_bounded_and_its_values_never_rendered(
     rates = tmp_path / "rates.yaml"
     # nested aliases: a few hundred bytes that render to gigabytes (issue 15 item 10)
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, n in zip("abcdefgh", "bcdefghi")
+        f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, n in zip("abcdefgh", "bcdefghi", strict=True)
     )
     rates.write_text(bomb + "big: *i\n")
     assert main(["plan", str(fleet), "--rates", str(rates)]) == 2

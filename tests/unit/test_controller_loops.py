@@ -17,7 +17,9 @@ What the loops read is shaped exactly as the production adapters return it:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,7 +37,7 @@ from batchfill.api.status import PlannedProfileSource
 from batchfill.controller.desired import desired_state
 from batchfill.controller.loops import ProfilingLoop, ScalingLoop
 from batchfill.controller.profiling import UNREAD_WARNING_S
-from batchfill.controller.reconcile import SERVICE_MONITOR, emitter, reconcile
+from batchfill.controller.reconcile import SERVICE_MONITOR, emitter, reapply, reconcile
 from batchfill.controller.scaling import ScalingMemory
 from batchfill.controller.settings import OperatorSettings
 from batchfill.policy.conditions import find, rfc3339
@@ -762,6 +764,31 @@ def test_a_generation_not_handled_yet_reads_and_writes_nothing(kube: FakeKube) -
     loop.tick(T0)
     assert kube.calls == [("list_batched_models",), ("cache.check", ("pods", "deployments"))]
     assert loop.memory["uid-bm-m"] == ScalingMemory(monitored=False)
+
+
+def test_two_loops_re_applying_at_once_roll_the_deployment_once(kube: FakeKube) -> None:
+    """The profiling loop's re-plan and the scaling loop's drift re-apply run on threads of their own: the second
+    must read the Deployment as the first applied it (one roll, one ConfigChanged), not as both found it."""
+    planned_model(kube, "m", SCALING_SPEC)
+    stored(kube, "m")["spec"]["sla"]["latencyP99Ms"] = 150  # a new plan, as an adopted profile would give
+    both_read = threading.Barrier(2, timeout=1.0)
+    read_deployment = kube.get
+
+    def get(api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        found = read_deployment(api_version, kind, name, namespace)
+        if kind == "Deployment":
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_read.wait()  # without the lock both threads hold the old Deployment here
+        return found
+
+    kube.get = get  # type: ignore[method-assign]
+    threads = [threading.Thread(target=reapply, args=(kube, "m", NS), kwargs={"now": T0}) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert [r for _, r, _ in kube.events] == [EventReason.CONFIG_CHANGED]
+    assert [w for w in writes(kube) if w == ("apply", "Deployment")] == [("apply", "Deployment")] * 2
 
 
 def test_a_generation_unhandled_past_the_bound_is_reconciled_by_the_loop_with_one_event(kube: FakeKube) -> None:

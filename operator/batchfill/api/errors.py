@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,17 @@ def field_path(loc: Iterable[Any], root: str = "spec") -> str:
 MAX_PATH_CHARS = 256
 MAX_MESSAGE_CHARS = 512
 MAX_PROBLEMS = 30
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 40, 40
+
+
+def describe_value(value: Any) -> str:
+    """A short rendering of a user's value for a message: bounded in time and size however big the value is
+    (``repr`` of a document built from YAML aliases would render it whole first)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _clip(text: str, limit: int) -> str:

@@ -17,6 +17,8 @@ help (https://docs.kopf.dev/en/stable/errors/).
 from __future__ import annotations
 
 import logging
+import threading
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -85,9 +87,24 @@ def emitter(kube: Kube, body: Mapping[str, Any]) -> Emit:
     return emit
 
 
+# One writer of a model's children at a time in this process: the create/update handlers, the scaling loop's
+# re-apply and the profiling loop's re-plan run on threads of their own, and two of them that both read the
+# Deployment before either applied the new config would both roll it and post ConfigChanged twice (seen in
+# tests/cluster/test_real_pods.py: the profiling loop adopting a profile while the scaling loop found the drift).
+# Striped, so the memory is bounded however many models there are; two models sharing a stripe only wait.
+_CHILDREN_LOCKS = tuple(threading.RLock() for _ in range(64))
+
+
+def children_lock(namespace: str, name: str) -> threading.RLock:
+    """The lock held while the children of the BatchedModel ``namespace/name`` are read and applied."""
+    return _CHILDREN_LOCKS[zlib.crc32(f"{namespace}/{name}".encode()) % len(_CHILDREN_LOCKS)]
+
+
 def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in_place: bool = False,
               first: bool = False) -> dict[str, Any]:  # fmt: skip
     """Bring the children in line with the spec; return the status fields to patch (possibly none).
+
+    Holds :func:`children_lock` throughout: a second caller reads the Deployment as the first applied it.
 
     ``first``: the create handler's first attempt; on an object with no status none of its children exists yet, so
     nothing is read (three requests fewer per new model; a retry reads, an earlier attempt may have applied some).
@@ -100,6 +117,14 @@ def reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in
         SpecRejectedError: invalid or infeasible spec (its conditions are in the exception).
         KubeTemporaryError / KubePermanentError: from the API (adapters.kube).
     """
+    meta = body["metadata"]
+    with children_lock(meta["namespace"], meta["name"]):
+        return _reconcile(body, kube, now=now, emit=emit, in_place=in_place, first=first)
+
+
+def _reconcile(body: Mapping[str, Any], kube: Kube, *, now: float, emit: Emit, in_place: bool,
+               first: bool) -> dict[str, Any]:  # fmt: skip
+    """:func:`reconcile` under its lock."""
     meta, spec = body["metadata"], body.get("spec") or {}
     status: Mapping[str, Any] = body.get("status") or {}
     generation = meta.get("generation")
@@ -265,13 +290,14 @@ def reapply(kube: Kube, name: str, namespace: str, *, now: float, in_place: bool
     Raises:
         KubeTemporaryError / KubePermanentError: from the API (adapters.kube).
     """
-    fresh = kube.get_batched_model(name, namespace)
-    if fresh is None:
-        return
-    try:
-        changed = reconcile(fresh, kube, now=now, emit=emitter(kube, fresh), in_place=in_place)
-    except SpecRejectedError as err:
-        kube.patch_status(fresh, changed_fields(fresh.get("status") or {}, err.status))
-        return
-    if changed:
-        kube.patch_status(fresh, changed)
+    with children_lock(namespace, name):  # the read, the apply and its status: another re-apply waits for all
+        fresh = kube.get_batched_model(name, namespace)
+        if fresh is None:
+            return
+        try:
+            changed = reconcile(fresh, kube, now=now, emit=emitter(kube, fresh), in_place=in_place)
+        except SpecRejectedError as err:
+            kube.patch_status(fresh, changed_fields(fresh.get("status") or {}, err.status))
+            return
+        if changed:
+            kube.patch_status(fresh, changed)
