@@ -35,7 +35,7 @@ def test_placement_json_puts_every_model_somewhere_on_fewer_gpus(
     # the seed example's capacity is 110 req/s: big is 300 / 0.85 = 352.9 -> 3 dedicated GPUs and a residual
     assert models["big"]["dedicatedGpus"] == 3
     assert models["big"]["sharedRateRps"] == pytest.approx(300 / 0.85 - 3 * models["big"]["capacityRps"], abs=0.01)
-    assert models["big"]["memoryMib"] == 4096
+    assert models["big"]["memoryMiB"] == 4096
     assert all(m["dedicatedGpus"] or m["sharedGpu"] is not None for m in models.values())
     assert all(m["p99Ms"] <= m["targetMs"] and m["headroomMs"] >= 0 for m in models.values())
     assert out["oneModelPerGpu"] == 4 + 1 + 1 + 1 + 1  # ceil(300 / (0.85 x 110)) = 4, one each for the rest
@@ -44,7 +44,7 @@ def test_placement_json_puts_every_model_somewhere_on_fewer_gpus(
     assert out["gpus"] >= out["fractionalBound"]
     on_shared = sorted(m["name"] for s in out["shared"] for m in s["models"])
     assert on_shared == sorted(n for n, m in models.items() if m["sharedGpu"] is not None)
-    assert all(s["memoryMib"] <= out["gpuMemoryMib"] for s in out["shared"])
+    assert all(s["memoryMiB"] <= out["gpuMemoryMiB"] for s in out["shared"])
 
 
 def test_a_folder_and_a_rates_file_give_the_same_placement(
@@ -126,7 +126,7 @@ def test_spec_placement_memory_is_the_models_figure_unless_memory_flags_override
     assert "big: memory=99999 MiB must be > 0 and fit" in capsys.readouterr().err
     assert main(["plan", str(path), *rate_flags(), "--memory", "big=4096", "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert next(m for m in out["models"] if m["name"] == "big")["memoryMib"] == 4096
+    assert next(m for m in out["models"] if m["name"] == "big")["memoryMiB"] == 4096
 
 
 def test_the_shared_example_folder_checks_its_pool_and_places_its_models(

@@ -90,7 +90,9 @@ def _pairs(values: list[str], flag: str, unit: str) -> tuple[dict[str, float], l
         except ValueError:
             x = math.nan
         if not sep or not name or not math.isfinite(x) or x < 0:
-            problems.append(Problem(flag, f"{v!r} must be NAME={unit} with a finite number >= 0"))
+            problems.append(
+                Problem(flag, f"{v!r} must be NAME={unit}: a model's name, '=', then a finite number, 0 or more")
+            )
         else:
             out[name] = x
     return out, problems
@@ -147,11 +149,11 @@ def to_json(p: Placement) -> dict[str, Any]:
         "sharedGpus": len(p.shared),
         "oneModelPerGpu": p.one_model_per_gpu,
         "fractionalBound": round(p.fractional_bound, 3),
-        "gpuMemoryMib": p.gpu_memory_mib,
+        "gpuMemoryMiB": p.gpu_memory_mib,
         "shared": [
             {
                 "gpuId": s.gpu_id,
-                "memoryMib": s.memory_mib,
+                "memoryMiB": s.memory_mib,
                 "dutyCycleMs": None if math.isinf(s.duty_cycle_ms) else round(s.duty_cycle_ms, 3),
                 "models": [
                     {"name": n, "rateRps": round(r, 3), "p99Ms": round(q, 2)}
@@ -175,7 +177,7 @@ def to_json(p: Placement) -> dict[str, Any]:
                 "p99Ms": round(m.p99_ms, 2),
                 "targetMs": m.target_ms,
                 "headroomMs": round(m.headroom_ms, 2),
-                "memoryMib": m.memory_mib,
+                "memoryMiB": m.memory_mib,
             }
             for m in p.models
         ],
