@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from batchfill.adapters.metrics import QueryFailure, QueryResults, SignalTarget
@@ -161,6 +162,44 @@ def test_signal_hub_queries_once_per_pass_however_long_the_pass() -> None:
             now[0] += 6.0  # a slow pass: 18 s for three models, longer than half the interval
             hub.signals(t)
     assert source.calls[3:] == [[("ns", "m0"), ("ns", "m1"), ("ns", "m2")]] * 2
+
+
+def test_models_whose_pods_turn_ready_between_passes_share_one_query_set() -> None:
+    """A fleet coming up: pods turn Ready between passes. Each pass is one query set, not one per model that is
+    Ready for the first time (benchmarks/scale.py counted 800 to 1,000 queries per pass while 1,000 came up)."""
+    now = [0.0]
+    source = CountingSource()
+    hub = SignalHub(source, max_age_s=15.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    waiting = [SignalTarget("ns", f"m{i}", f"model{i}", 8) for i in range(4)]
+    for t in waiting:  # pass 1: no pod Ready yet, nothing to ask
+        assert hub.signals(t).reason == SignalsReason.NO_READY_PODS
+    assert source.calls == []
+    hub.new_pass()
+    now[0] += 15.0
+    for t in waiting[:3]:  # pass 2: three are Ready now
+        hub.signals(replace(t, ready_pods=frozenset({f"p-{t.name}"})))
+    assert source.calls == [[("ns", "m0"), ("ns", "m1"), ("ns", "m2"), ("ns", "m3")]]
+    # models never asked for before, named by the pass (ScalingLoop lists them first): covered by its query set
+    named = [SignalTarget("ns2", f"n{i}", f"other{i}", 8) for i in range(3)]
+    hub.new_pass(named)
+    now[0] += 15.0
+    for t in named:
+        hub.signals(replace(t, ready_pods=frozenset({f"q-{t.name}"})))
+    assert len(source.calls) == 2
+    assert {("ns2", "n0"), ("ns2", "n1"), ("ns2", "n2")} <= set(source.calls[-1])
+
+
+def test_a_pass_names_each_model_by_namespace_and_triton_model() -> None:
+    from batchfill.controller.scaling import expected_target
+
+    body = {"metadata": {"namespace": "ns", "name": "bm"}, "spec": {"model": {"name": "resnet"}},
+            "status": {"plan": {"maxBatchSize": 16}}}  # fmt: skip
+    assert expected_target(body) == SignalTarget("ns", "bm", "resnet", 16)
+    assert expected_target({**body, "status": {}}) == SignalTarget("ns", "bm", "resnet", 1)
+    flag = {"plan": {"maxBatchSize": True}}
+    assert expected_target({**body, "status": flag}) == SignalTarget("ns", "bm", "resnet", 1)
+    assert expected_target({**body, "spec": {"model": "resnet"}}) is None
+    assert expected_target({**body, "spec": {}}) is None
 
 
 def test_replicas_managers_tell_a_hand_edit_from_batchfills_own_unfinished_scale() -> None:

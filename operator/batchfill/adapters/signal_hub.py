@@ -1,17 +1,23 @@
 """One set of Prometheus queries per tick for every BatchedModel: one query per signal for all models, not per model.
 
-The scaling loop (controller.loops.ScalingLoop) marks each pass (:meth:`SignalHub.new_pass`) and then asks for each
-model in turn; the first request of a pass runs the eight queries for every model the hub knows, the others reuse
-those answers (for at most ``max_age_s``) and only aggregate their own Ready pods (pure). A model the query set
-did not cover (new, or its namespace/model name changed) gets the eight queries for itself alone, merged in: a
-fleet of 1,000 new models is 1,000 small query sets once, not 1,000 query sets over every model.
+The scaling loop (controller.loops.ScalingLoop) marks each pass (:meth:`SignalHub.new_pass`), naming every model the
+pass will ask for, and then asks for each model in turn; the first request of a pass runs the eight queries for every
+model the hub knows (asked for before, with Ready pods or not, or named for this pass), the others reuse those
+answers (for at most ``max_age_s``) and only aggregate their own Ready pods (pure). A model the query set did not
+cover (not named, or its namespace/model name changed) gets the eight queries for itself alone, merged in.
+
+Why models without Ready pods are in the query set: the series selector names only namespaces and Triton model
+names, so covering them costs nothing, and a fleet being created, whose pods turn Ready between passes, is then
+one query set per pass. Covering only the models with Ready pods as of their last tick made every model that
+turned Ready since then a query set of its own: 800 to 1,000 Prometheus queries per pass while 1,000 new models
+came up (benchmarks/scale.py), 7 once they were all Ready.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import fields
 
 from batchfill.adapters.metrics import PrometheusSignals, QueryFailure, QueryResults, SignalTarget, aggregate
@@ -45,17 +51,22 @@ class SignalHub:
         return self.source.window_s
 
     def signals(self, target: SignalTarget) -> ModelSignals:
-        """The signals of ``target`` (its Ready pods as given now); never raises for Prometheus trouble."""
+        """The signals of ``target`` (its Ready pods as given now); never raises for Prometheus trouble.
+
+        A target without Ready pods needs no answer (NoReadyPods) and asks nothing, but is remembered: the next
+        query set covers it.
+        """
+        with self._lock:
+            self._targets[target.key] = target
         if not target.ready_pods:
             return aggregate([target], QueryResults(), self.window_s)[target.key]
         with self._lock:
-            self._targets[target.key] = target
             now = self._clock()
             covered = (target.namespace, target.model) in self._covered
             if self._results is None or now - self._at >= self.max_age_s:
-                live = [t for t in self._targets.values() if t.ready_pods]
-                self._results = self.source.query_all(live)
-                self._covered = frozenset((t.namespace, t.model) for t in live)
+                known = list(self._targets.values())
+                self._results = self.source.query_all(known)
+                self._covered = frozenset((t.namespace, t.model) for t in known)
                 self._at = now
                 self.query_sets += 1
             elif not covered:
@@ -68,10 +79,17 @@ class SignalHub:
             results = self._results
         return aggregate([target], results, self.window_s)[target.key]
 
-    def new_pass(self) -> None:
-        """The next request runs a fresh query set: one per pass, however long the pass takes."""
+    def new_pass(self, expected: Iterable[SignalTarget] = ()) -> None:
+        """The next request runs a fresh query set: one per pass, however long the pass takes.
+
+        ``expected``: the models the pass will ask for (only their namespace and Triton model name are used until
+        they are asked for themselves); the query set covers them, so a model seen for the first time, or Ready
+        for the first time, is not asked for alone.
+        """
         with self._lock:
             self._at = -float("inf")
+            for target in expected:
+                self._targets.setdefault(target.key, target)
 
     def forget(self, namespace: str, name: str) -> None:
         """Stop querying for a deleted BatchedModel."""

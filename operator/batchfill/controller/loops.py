@@ -40,7 +40,7 @@ from batchfill.controller.profiling import (
     measure_profile,
 )
 from batchfill.controller.reconcile import log_event, reapply
-from batchfill.controller.scaling import ScalingMemory, act_scale, decide_scale, gather_scale
+from batchfill.controller.scaling import ScalingMemory, act_scale, decide_scale, expected_target, gather_scale
 from batchfill.controller.settings import OperatorSettings
 from batchfill.controller.shared_status import served_shared
 from batchfill.policy.conditions import GenerationLag, generation_lag, generation_unhandled
@@ -110,7 +110,7 @@ class PeriodicLoop(Generic[MemoryT]):
         except (KubeTemporaryError, KubePermanentError) as err:
             log.warning("%s pass postponed: %s", self.name, err)
             return
-        self._begin_pass()
+        self._begin_pass(models)
         seen = set()
         for body in models:
             meta = body["metadata"]
@@ -127,8 +127,8 @@ class PeriodicLoop(Generic[MemoryT]):
             del self.memory[uid]
         self._forget(seen)
 
-    def _begin_pass(self) -> None:
-        """Called once at the start of each pass, after the models were listed."""
+    def _begin_pass(self, models: list[dict[str, Any]]) -> None:
+        """Called once at the start of each pass with the models listed (deleted and unwatched ones included)."""
 
     def _forget(self, seen: set[str]) -> None:
         """Called at the end of each pass with the uids of the models it served: drop what is kept of the others."""
@@ -159,8 +159,17 @@ class ScalingLoop(PeriodicLoop[ScalingMemory]):
         # watch stream (a namespace, or "" for kopf's cluster-wide watch) -> when a lag of it last ended
         self.progress: dict[str, float] = {}
 
-    def _begin_pass(self) -> None:
-        self.hub.new_pass()
+    def _begin_pass(self, models: list[dict[str, Any]]) -> None:
+        # every model this pass may ask for: the pass's one query set covers those whose pods turned Ready since
+        # their last tick too (adapters/signal_hub.py says why); a shared model's copies are the pool loop's
+        self.hub.new_pass(
+            t
+            for b in models
+            if not b["metadata"].get("deletionTimestamp")
+            and watched(self.settings, b["metadata"]["namespace"])
+            and not served_shared(b)
+            and (t := expected_target(b)) is not None
+        )
 
     def _forget(self, seen: set[str]) -> None:
         for uid in set(self.lags) - seen:

@@ -209,6 +209,19 @@ def planned_desired(body: Mapping[str, Any]) -> Desired | None:
         return None
 
 
+def expected_target(body: Mapping[str, Any]) -> SignalTarget | None:
+    """``body`` as a pass names it to the signal hub before its tick (``SignalHub.new_pass``; pure): its namespace
+    and Triton model name, the stored plan's max_batch_size (1 before there is one), no Ready pods. None for a model
+    whose spec has no model name (it is rejected, and its tick asks for nothing)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    model = (spec.get("model") or {}).get("name") if isinstance(spec.get("model"), Mapping) else None
+    if not isinstance(model, str) or not model:
+        return None
+    stored = ((body.get("status") or {}).get("plan") or {}).get("maxBatchSize")
+    mbs = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 1 else 1
+    return SignalTarget(str(meta["namespace"]), str(meta["name"]), model, mbs)
+
+
 def gather_scale(view: Kube, read_signals: ReadSignals, body: Mapping[str, Any], memory: ScalingMemory) -> ScaleInputs:
     """Read what a scaling decision of ``body`` needs (I/O only; which reads follows from ``body`` and ``memory``).
 
