@@ -336,10 +336,12 @@ def test_rollout_undo_restores_the_previous_config_and_holds_until_the_spec_chan
             if v.config_map is not None
         }  # fmt: skip
         assert mounted == {f"undo-triton-config-{h1}"}, "every pod serves the config it was rolled back to"
-        events = [
-            e.reason for e in kube.core.list_namespaced_event(ns, field_selector="involvedObject.name=undo").items
-        ]
+        listed = kube.core.list_namespaced_event(ns, field_selector="involvedObject.name=undo").items
+        events = [e.reason for e in listed]
         assert events.count(EventReason.ROLLED_BACK_BY_HAND) == 1, events
+        # scaling meanwhile works with the served config's capacity (read from its ConfigMap), and says so
+        (said,) = [e.message for e in listed if e.reason == EventReason.ROLLED_BACK_BY_HAND]
+        assert "scaling uses that config's capacity" in said, said
 
         # the user's next spec change wins: the pods roll forward to the plan's config
         custom(kube).patch_namespaced_custom_object(

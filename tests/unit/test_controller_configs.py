@@ -191,6 +191,48 @@ def test_a_rollout_undo_holds_until_the_spec_changes(kube: FakeKube) -> None:
     assert _rollback_condition(kube, "m") is None
 
 
+def test_scaling_uses_the_capacity_of_the_config_a_rollback_put_the_pods_on(kube: FakeKube) -> None:
+    """While a rollout undo holds, the pods batch as the older config says: the tick evaluates that config (its
+    ConfigMap, parsed) with the current profile and SLA, and the one RolledBackByHand Event says which capacity."""
+    from batchfill.api.spec import API_VERSION, KIND
+    from batchfill.api.validate import load_model
+    from batchfill.controller.served_config import batching_of
+    from batchfill.policy.plan import config_capacity
+    from batchfill.render.kube import CONFIG_KEY
+
+    planned_model(kube, "m", SCALING_SPEC)
+    first = _template_config(kube, "m")
+    kube.roll(NS, "m-triton", 1)
+    stored_spec = kube.models[(NS, "m")]
+    stored_spec["spec"]["batching"] = {"maxBatchSize": 1}  # the new config does not batch: a capacity far apart
+    stored_spec["metadata"]["generation"] += 1
+    kube.handle("m")
+    kube.roll(NS, "m-triton", 2)
+    prom = FakePrometheus()
+    prom.serve(kube.run_pods("m", ready=1), **LOW)
+    loop = scaling_loop(kube, prom)
+    loop.tick(T0)
+    kube.rollout_undo(NS, "m-triton", "m-triton-rs1")
+    kube.events.clear()
+    loop.tick(T0 + 15)
+
+    text = kube.objects[("v1", "ConfigMap", NS, first)]["data"][CONFIG_KEY]
+    b, preferred, delay = batching_of(text)
+    assert b >= 1
+    assert delay >= 100
+    spec = load_model({"apiVersion": API_VERSION, "kind": KIND, "spec": kube.models[(NS, "m")]["spec"]}).spec
+    expected = config_capacity(spec, b, preferred, delay).candidate.capacity_rps
+    plan = stored(kube, "m")["status"]["plan"]
+    assert expected != pytest.approx(plan["capacityPerReplicaRps"], rel=0.01), "the two configs must differ here"
+    (message,) = [m for _, r, m in kube.events if r == EventReason.ROLLED_BACK_BY_HAND]
+    assert f"scaling uses that config's capacity, {expected:.4g} req/s per replica" in message, message
+    assert f"(the plan's: {plan['capacityPerReplicaRps']:.4g})" in message, message
+    from batchfill.adapters.operator_metrics import REGISTRY
+
+    labels = {"namespace": NS, "name": "m"}
+    assert REGISTRY.get_sample_value("batchfill_capacity_per_replica", labels) == pytest.approx(expected)
+
+
 def test_a_hand_edit_of_the_config_hash_alone_is_drift_and_reverted(kube: FakeKube) -> None:
     planned_model(kube, "m", SCALING_SPEC)
     served = _template_config(kube, "m")

@@ -206,3 +206,33 @@ def test_batch_fill_at_target_is_what_the_simulator_predicts_and_grows_with_the_
     assert 0 < fills[0] < status.batchFillAtTarget < fills[1] <= 1
     off = plan(with_spec(SEED_DOC, batching={"maxBatchSize": 0})).to_status()
     assert off.batchFillAtTarget is None
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"batching": {"maxQueueDelayMicroseconds": 20_000}},
+        {"batching": {"preferredBatchSizes": [2, 4]}},
+        {"batching": {"maxBatchSize": 4}},
+        {"batching": {"maxBatchSize": 0}},
+        {"sla": {"latencyP99Ms": 60}},
+        {"triton": {"gpusPerReplica": 2}},
+    ],
+)
+def test_a_fixed_config_evaluates_to_the_plans_capacity_when_it_is_the_plans(changes: dict[str, Any]) -> None:
+    """config_capacity (a hand rollback's config, evaluated) agrees with the planner on the planner's own choice:
+    same simulation, same seed, so the rollback's numbers are comparable with the plan's."""
+    from batchfill.policy.plan import config_capacity
+
+    spec = load_model(with_spec(SEED_DOC, **changes)).spec
+    chosen = plan_batching(spec).chosen
+    got = config_capacity(spec, chosen.max_batch_size, chosen.preferred_batch_sizes, chosen.max_queue_delay_us)
+    assert got.candidate.key == chosen.key
+    assert got.candidate.capacity_rps == chosen.capacity_rps
+    assert got.candidate.p99_ms == chosen.p99_ms
+    assert got.server_budget_ms == spec.sla.server_budget_ms
+    # another configuration is another number (no batching: one request per execution)
+    if chosen.max_batch_size > 1:
+        alone = config_capacity(spec, 1, (1,), chosen.max_queue_delay_us).candidate
+        assert 0 < alone.capacity_rps < chosen.capacity_rps

@@ -190,7 +190,7 @@ def test_models_whose_pods_turn_ready_between_passes_share_one_query_set() -> No
 
 
 def test_a_pass_names_each_model_by_namespace_and_triton_model() -> None:
-    from batchfill.controller.scaling import expected_target
+    from batchfill.controller.loops import expected_target
 
     body = {"metadata": {"namespace": "ns", "name": "bm"}, "spec": {"model": {"name": "resnet"}},
             "status": {"plan": {"maxBatchSize": 16}}}  # fmt: skip

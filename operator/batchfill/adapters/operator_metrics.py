@@ -46,7 +46,13 @@ HEADROOM = Gauge(
     registry=REGISTRY,
 )  # fmt: skip
 REQUEST_RATE = Gauge("batchfill_request_rate", "Observed requests per second.", _LABELS, registry=REGISTRY)
-CAPACITY = Gauge("batchfill_capacity_per_replica", "Plan's capacity at SLA, req/s.", _LABELS, registry=REGISTRY)
+CAPACITY = Gauge(
+    "batchfill_capacity_per_replica",
+    "Capacity at SLA per replica of the config the pods run (the plan's; while a hand rollback holds, the served "
+    "config's), req/s.",
+    _LABELS,
+    registry=REGISTRY,
+)
 SLA = Gauge("batchfill_server_budget_seconds", "Server budget T = latencyP99Ms - networkOverheadMs.", _LABELS,
             registry=REGISTRY)  # fmt: skip
 METRICS_AVAILABLE = Gauge("batchfill_metrics_available", "1 when the last signals were usable.", _LABELS,

@@ -19,6 +19,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar, Generic, TypeVar
@@ -26,6 +27,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from batchfill.adapters import memory, operator_metrics
 from batchfill.adapters.informer import CachedView
 from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
+from batchfill.adapters.metrics import SignalTarget
 from batchfill.adapters.pod_stats import read_pod_batch_stats
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.reasons import EventReason
@@ -40,7 +42,7 @@ from batchfill.controller.profiling import (
     measure_profile,
 )
 from batchfill.controller.reconcile import log_event, reapply
-from batchfill.controller.scaling import ScalingMemory, act_scale, decide_scale, expected_target, gather_scale
+from batchfill.controller.scaling import ScalingMemory, act_scale, decide_scale, gather_scale
 from batchfill.controller.settings import OperatorSettings
 from batchfill.controller.shared_status import served_shared
 from batchfill.policy.conditions import GenerationLag, generation_lag, generation_unhandled
@@ -58,6 +60,19 @@ def watched(settings: OperatorSettings, namespace: str) -> bool:
     included = any(fnmatch.fnmatchcase(namespace, p) for p in patterns if not p.startswith("!"))
     excluded = any(fnmatch.fnmatchcase(namespace, p[1:]) for p in patterns if p.startswith("!"))
     return included and not excluded
+
+
+def expected_target(body: Mapping[str, Any]) -> SignalTarget | None:
+    """``body`` as a pass names it to the signal hub before its tick (``SignalHub.new_pass``; pure): its namespace
+    and Triton model name, the stored plan's max_batch_size (1 before there is one), no Ready pods. None for a model
+    whose spec has no model name (it is rejected, and its tick asks for nothing)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    model = (spec.get("model") or {}).get("name") if isinstance(spec.get("model"), Mapping) else None
+    if not isinstance(model, str) or not model:
+        return None
+    stored = ((body.get("status") or {}).get("plan") or {}).get("maxBatchSize")
+    mbs = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 1 else 1
+    return SignalTarget(str(meta["namespace"]), str(meta["name"]), model, mbs)
 
 
 class PeriodicLoop(Generic[MemoryT]):

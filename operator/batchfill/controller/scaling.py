@@ -35,6 +35,7 @@ from batchfill.controller.pods import PodCounts, pod_counts
 from batchfill.controller.readiness import sla_risk
 from batchfill.controller.reconcile import SERVICE_MONITOR, Event, apply_service_monitor, log_event, reapply
 from batchfill.controller.rollout import in_place_reason
+from batchfill.controller.served_config import ServedNumbers, config_text, served_batch_size, served_numbers
 from batchfill.controller.status import (
     changed_fields,
     children_drift,
@@ -50,7 +51,6 @@ from batchfill.controller.status import (
 from batchfill.policy import conditions as cond
 from batchfill.policy.scaling import (
     Decision,
-    PlanNumbers,
     Recommendation,
     Replicas,
     Saturation,
@@ -62,7 +62,15 @@ from batchfill.policy.scaling import (
     history_to_store,
 )
 from batchfill.policy.signals import ModelSignals, SignalState
-from batchfill.render.kube import FIELD_MANAGER, Owner, build_service_monitor, names, selector_labels
+from batchfill.render.kube import (
+    CONFIG_KEY,
+    FIELD_MANAGER,
+    Owner,
+    build_service_monitor,
+    configmap_name,
+    names,
+    selector_labels,
+)
 
 log = logging.getLogger("batchfill")
 
@@ -116,6 +124,8 @@ class ScaleInputs:
         deployment: the Triton Deployment (informer cache, trimmed: adapters/informer.py), None when missing.
         pods: the model's pods (informer cache, trimmed).
         signals: the signals of its Ready pods.
+        rolled_back: the digest of the config a hand rollback put the pods on ("" when none holds).
+        served_config: that config's config.pbtxt, from its ConfigMap (None: no rollback, or not found).
     """
 
     body: Mapping[str, Any]
@@ -125,6 +135,8 @@ class ScaleInputs:
     deployment: Mapping[str, Any] | None = None
     pods: tuple[Mapping[str, Any], ...] = ()
     signals: ModelSignals | None = None
+    rolled_back: str = ""
+    served_config: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,19 +221,6 @@ def planned_desired(body: Mapping[str, Any]) -> Desired | None:
         return None
 
 
-def expected_target(body: Mapping[str, Any]) -> SignalTarget | None:
-    """``body`` as a pass names it to the signal hub before its tick (``SignalHub.new_pass``; pure): its namespace
-    and Triton model name, the stored plan's max_batch_size (1 before there is one), no Ready pods. None for a model
-    whose spec has no model name (it is rejected, and its tick asks for nothing)."""
-    meta, spec = body["metadata"], body.get("spec") or {}
-    model = (spec.get("model") or {}).get("name") if isinstance(spec.get("model"), Mapping) else None
-    if not isinstance(model, str) or not model:
-        return None
-    stored = ((body.get("status") or {}).get("plan") or {}).get("maxBatchSize")
-    mbs = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored >= 1 else 1
-    return SignalTarget(str(meta["namespace"]), str(meta["name"]), model, mbs)
-
-
 def gather_scale(view: Kube, read_signals: ReadSignals, body: Mapping[str, Any], memory: ScalingMemory) -> ScaleInputs:
     """Read what a scaling decision of ``body`` needs (I/O only; which reads follows from ``body`` and ``memory``).
 
@@ -245,11 +244,15 @@ def gather_scale(view: Kube, read_signals: ReadSignals, body: Mapping[str, Any],
             monitor = view.get(*SERVICE_MONITOR, names(owner)["servicemonitor"], owner.namespace)
     deployment = view.get("apps/v1", "Deployment", names(owner)["deployment"], owner.namespace)
     pods = tuple(view.list_pods(owner.namespace, selector_labels(owner)))
-    plan = desired.plan_status
-    target = SignalTarget(
-        owner.namespace, owner.name, desired.spec.model.name, plan.maxBatchSize, pod_counts(pods).ready
-    )
-    return ScaleInputs(body, desired, served, monitor, deployment, pods, read_signals(target))
+    max_batch_size = desired.plan_status.maxBatchSize
+    # a hand rollback: the pods batch as the config they run says (controller/served_config.py)
+    rolled_back, _ = hand_rollback(deployment, desired)
+    text = None
+    if rolled_back:
+        text = config_text(view.get("v1", "ConfigMap", configmap_name(owner, rolled_back), owner.namespace), CONFIG_KEY)
+        max_batch_size = served_batch_size(text, max_batch_size)
+    target = SignalTarget(owner.namespace, owner.name, desired.spec.model.name, max_batch_size, pod_counts(pods).ready)
+    return ScaleInputs(body, desired, served, monitor, deployment, pods, read_signals(target), rolled_back, text)
 
 
 def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, interval_s: float) -> ScalePlan:
@@ -281,8 +284,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     assert deployment is not None  # a missing one is drift
     assert signals is not None  # gather_scale reads them whenever it reads the Deployment
     pods = pod_counts(inputs.pods)
-    spec, plan, numbers = desired.spec, desired.plan_status, PlanNumbers.from_status(desired.plan_status)
-
+    spec, plan, served = desired.spec, desired.plan_status, _served(inputs, desired, status)
     current = int((deployment.get("spec") or {}).get("replicas") or 0)
     restored = None
     applied = status.get("appliedReplicas")  # what this operator last set in Auto (absent in Advise/Off)
@@ -294,12 +296,12 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     # a restarted or newly elected operator continues the window status kept
     history = memory.history or expand_history(votes, now, horizon, interval_s)
     replicas = _replicas(current, pods, signals)
-    decision = decide(ScalingInput(now, signals, numbers, spec.scaling, replicas, history, memory.saturation))
+    decision = decide(ScalingInput(now, signals, served.numbers, spec.scaling, replicas, history, memory.saturation))
     target = decision.desired_replicas if decision.apply else current
     in_place = in_place_reason(deployment, inputs.pods, now, spec.triton.gpuResource)
     events = (
         *_scale_events(status, deployment, signals, desired, decision, current, target, restored),
-        *rollback_events(status, deployment, desired),
+        *rollback_events(status, deployment, desired, served),
         *([("Warning", EventReason.ROLLING_IN_PLACE, in_place)] if in_place else []),
     )
     extra = [*scaling_conditions(decision, signals), *requests_failing_conditions(decision, status.get("conditions"))]
@@ -318,7 +320,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
         ]
     elapsed_s = 0.0 if memory.last_tick is None else max(0.0, now - memory.last_tick)
     metrics = TickMetrics(decision=decision, signals=signals, replicas=target, ready=len(pods.ready),
-                          capacity_rps=plan.capacityPerReplicaRps, server_budget_ms=plan.serverBudgetMs,
+                          capacity_rps=served.numbers.capacity_rps, server_budget_ms=plan.serverBudgetMs,
                           gpus_per_replica=spec.triton.gpusPerReplica, gpu_holding_replicas=memory.holding,
                           elapsed_s=elapsed_s, gpu_resource=spec.triton.gpuResource)  # fmt: skip
     return ScalePlan(
@@ -332,6 +334,12 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
         memory=ScalingMemory(decision.history, now, len(pods.ready) + pods.starting, monitored, decision.saturation),
         memory_if_stale=replace(memory, monitored=monitored),
     )
+
+
+def _served(inputs: ScaleInputs, desired: Desired, status: Mapping[str, Any]) -> ServedNumbers:
+    """The plan numbers of the config the pods run (controller/served_config.py)."""
+    measured = adopted_profile(inputs.body.get("spec") or {}, status)
+    return served_numbers(desired, measured, inputs.rolled_back, inputs.served_config)
 
 
 def _replicas(current: int, pods: PodCounts, signals: ModelSignals) -> Replicas:
@@ -352,13 +360,22 @@ def _replicas(current: int, pods: PodCounts, signals: ModelSignals) -> Replicas:
     )
 
 
-def rollback_events(status: Mapping[str, Any], deployment: Mapping[str, Any], desired: Desired) -> list[Event]:
-    """A Warning once a hand rollback begins to hold (the stored ConfigApplied does not say so yet)."""
+def rollback_events(
+    status: Mapping[str, Any], deployment: Mapping[str, Any], desired: Desired, served: ServedNumbers | None = None
+) -> list[Event]:
+    """A Warning once a hand rollback begins to hold (the stored ConfigApplied does not say so yet); with
+    ``served``, it says which capacity scaling uses meanwhile."""
     applied = config_applied_condition(hand_rollback(deployment, desired), desired)
     stored = cond.find(status.get("conditions"), ConditionType.CONFIG_APPLIED)
     if applied is None or (stored is not None and stored.get("message") == applied.message):
         return []
-    return [("Warning", EventReason.ROLLED_BACK_BY_HAND, applied.message)]
+    message = applied.message
+    if served is not None and served.note:
+        message += f"; {served.note}"
+    elif served is not None:
+        message += (f"; scaling uses that config's capacity, {served.numbers.capacity_rps:.4g} req/s per replica "
+                    f"(the plan's: {desired.plan_status.capacityPerReplicaRps:.4g})")  # fmt: skip
+    return [("Warning", EventReason.ROLLED_BACK_BY_HAND, message)]
 
 
 def _scale_events(

@@ -574,6 +574,59 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
     return _result(spec, profile, chosen, seed_done, ordered, budget, target, warnings, direct, seed, fill)
 
 
+@dataclass(frozen=True)
+class ConfigCapacity:
+    """What a fixed dynamic-batching configuration achieves with a spec's profile and SLA (:func:`config_capacity`).
+
+    Attributes:
+        candidate: the configuration with its confirmed capacity at SLA (requests/s per replica; 0 when no rate
+            keeps the simulated p99 within the target) and the p99 at it (ms).
+        server_budget_ms: T = latencyP99Ms - networkOverheadMs.
+        batch_fill_at_target: mean batch size / max_batch_size at u·C (None without batching or capacity).
+    """
+
+    candidate: Candidate
+    server_budget_ms: float
+    batch_fill_at_target: float | None
+
+
+def config_capacity(
+    spec: BatchedModelSpec, max_batch_size: int, preferred_batch_sizes: tuple[int, ...], max_queue_delay_us: int,
+    *, seed: int = 0,
+) -> ConfigCapacity:  # fmt: skip
+    """Capacity at SLA of one given configuration (not a search over configurations): the config a person rolled
+    the pods back to (``kubectl rollout undo``), evaluated as :func:`plan_batching` evaluates its candidates
+    (bisection on the search draws, then the confirming run; the same seed, so the plan's own configuration gets
+    the plan's own capacity).
+
+    Args:
+        spec: a validated spec with a profile (the plan's profile: spec.profile or the measured points).
+        max_batch_size: Triton max_batch_size (0: batching off).
+        preferred_batch_sizes: Triton preferred_batch_size (ignored when batching is off).
+        max_queue_delay_us: Triton max_queue_delay_microseconds (ignored when batching is off).
+
+    Raises:
+        SpecError: the spec has no profile (:func:`plan_batching`'s check).
+    """
+    _check_profile(spec)
+    assert spec.profile is not None  # _check_profile raised otherwise
+    profile = LatencyProfile.from_points(spec.profile)
+    budget = spec.sla.server_budget_ms
+    target = budget * (1 - spec.batching.safetyMarginPercent / 100)
+    executors = max(1, spec.triton.gpusPerReplica)
+    if max_batch_size < 1:
+        cand = Candidate(0, (), 0, executors)
+    else:
+        sizes = tuple(sorted({b for b in preferred_batch_sizes if 1 <= b <= max_batch_size}))
+        cand = Candidate(max_batch_size, sizes, max(0, max_queue_delay_us), executors)
+    evaluator = _Evaluator(profile, target, seed)
+    chosen = evaluator.confirmed(evaluator.capacity(cand))
+    fill = None
+    if chosen.capacity_rps > 0:
+        fill = evaluator.mean_fill(chosen, spec.scaling.targetUtilization * chosen.capacity_rps)
+    return ConfigCapacity(chosen, budget, fill)
+
+
 def _result(
     spec: BatchedModelSpec,
     profile: LatencyProfile,
