@@ -56,11 +56,12 @@ class SignalHub:
         A target without Ready pods needs no answer (NoReadyPods) and asks nothing, but is remembered: the next
         query set covers it.
         """
-        with self._lock:
-            self._targets[target.key] = target
         if not target.ready_pods:
+            with self._lock:
+                self._targets[target.key] = target
             return aggregate([target], QueryResults(), self.window_s)[target.key]
         with self._lock:
+            self._targets[target.key] = target
             now = self._clock()
             covered = (target.namespace, target.model) in self._covered
             if self._results is None or now - self._at >= self.max_age_s:

@@ -361,18 +361,18 @@ def _replicas(current: int, pods: PodCounts, signals: ModelSignals) -> Replicas:
 
 
 def rollback_events(
-    status: Mapping[str, Any], deployment: Mapping[str, Any], desired: Desired, served: ServedNumbers | None = None
+    status: Mapping[str, Any], deployment: Mapping[str, Any], desired: Desired, served: ServedNumbers
 ) -> list[Event]:
-    """A Warning once a hand rollback begins to hold (the stored ConfigApplied does not say so yet); with
-    ``served``, it says which capacity scaling uses meanwhile."""
+    """A Warning once a hand rollback begins to hold (the stored ConfigApplied does not say so yet), saying which
+    capacity scaling uses meanwhile (``served``)."""
     applied = config_applied_condition(hand_rollback(deployment, desired), desired)
     stored = cond.find(status.get("conditions"), ConditionType.CONFIG_APPLIED)
     if applied is None or (stored is not None and stored.get("message") == applied.message):
         return []
     message = applied.message
-    if served is not None and served.note:
+    if served.note:
         message += f"; {served.note}"
-    elif served is not None:
+    else:
         message += (f"; scaling uses that config's capacity, {served.numbers.capacity_rps:.4g} req/s per replica "
                     f"(the plan's: {desired.plan_status.capacityPerReplicaRps:.4g})")  # fmt: skip
     return [("Warning", EventReason.ROLLED_BACK_BY_HAND, message)]
