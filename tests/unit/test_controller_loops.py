@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import kopf
 import pytest
 
 from batchfill.adapters import operator_metrics
@@ -35,6 +36,7 @@ from batchfill.api.reasons import ConditionType, EventReason, ReplanReason, Scal
 from batchfill.api.spec import API_VERSION, KIND
 from batchfill.api.status import PlannedProfileSource
 from batchfill.controller.desired import desired_state
+from batchfill.controller.handlers import _first_tick
 from batchfill.controller.loops import ProfilingLoop, ScalingLoop
 from batchfill.controller.profiling import UNREAD_WARNING_S
 from batchfill.controller.reconcile import SERVICE_MONITOR, emitter, reapply, reconcile
@@ -219,6 +221,19 @@ class FakeKube:
             self.own_replicas(new, FIELD_MANAGER, "Apply")
             self.own_config_hash(new, FIELD_MANAGER, "Apply")
         return copy.deepcopy(new)
+
+    def apply_all(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``Kube.apply_all``: every object applied (here in order), the first error raised once all were tried."""
+        out: list[dict[str, Any]] = []
+        first: Exception | None = None
+        for obj in objs:
+            try:
+                out.append(self.apply(obj))
+            except Exception as err:  # the adapter's contract: the first error, once all were tried
+                first = first or err
+        if first is not None:
+            raise first
+        return out
 
     def own_config_hash(self, dep: dict[str, Any], manager: str, operation: str) -> None:
         """managedFields after a write that set the pod template's config-hash annotation: ``manager`` owns it."""
@@ -718,6 +733,43 @@ def test_a_new_models_first_reconcile_reads_nothing_and_writes_what_a_full_one_w
     assert first_writes == full_writes == [("apply", "ConfigMap"), ("apply", "Deployment"), ("apply", "Service"),
                                            ("event", EventReason.DEPLOYED)]  # fmt: skip
     assert first_status == full_status
+
+
+def test_a_new_models_handler_writes_its_first_ticks_fields_so_that_tick_writes_nothing(kube: FakeKube) -> None:
+    """The handler's status of a new model carries what the scaling loop's first tick writes while no pod is Ready
+    (``controller.handlers._first_tick``): that tick, before the Deployment has a pod, makes no request; the pod
+    turning Ready is still written. Without it the first tick wrote the scaling fields (benchmarks/scale.py: 898 of
+    1,000 new models' first ticks)."""
+    prom = FakePrometheus()
+    memo = kopf.Memo()
+    memo.signal_hub, memo.settings = SignalHub(prom, max_age_s=15.0), OperatorSettings(reconcile_interval_s=15.0)
+    first_tick = _first_tick(memo)
+    assert first_tick is not None
+    for name, hook in (("with", first_tick), ("without", None)):
+        kube.create_model(name, SCALING_SPEC)
+        body = copy.deepcopy(kube.models[(NS, name)])
+        status = reconcile(body, kube, now=T0, emit=emitter(kube, body), first=True, first_tick=hook)  # type: ignore[arg-type]
+        kube.write_status(kube.models[(NS, name)], status)
+    handled = stored(kube, "with")["status"]
+    assert (handled["lastScaleReason"], handled["desiredReplicas"], handled["appliedReplicas"]) == (
+        ScalingReason.HOLD_METRICS_UNKNOWN, 1, 1)  # fmt: skip
+    metrics = find(handled["conditions"], ConditionType.METRICS_AVAILABLE)
+    assert metrics is not None
+    assert metrics["reason"] == SignalsReason.NO_READY_PODS
+    kube.calls.clear()
+    loop = scaling_loop(kube, prom)
+    loop.tick(T0 + 15)
+    status_writes = [c for c in kube.calls if c[0] == "patch_status"]
+    assert [c[2] for c in status_writes] == ["without"], "the first tick of the model handled with it writes nothing"
+    assert sorted(status_writes[0][3]) == ["appliedReplicas", "conditions", "desiredReplicas", "lastScaleReason",
+                                           "scalingHistory"]  # fmt: skip
+    same = {"conditions": None, "scalingHistory": None}  # the vote's time: the handler's, or the tick's
+    assert stored(kube, "with")["status"] | same == stored(kube, "without")["status"] | same
+    assert [(v["replicas"], v["ready"]) for v in stored(kube, "with")["status"]["scalingHistory"]] == [(1, 0)]
+    kube.run_pods("with", ready=1)
+    kube.calls.clear()
+    loop.tick(T0 + 30)
+    assert ("patch_status", NS, "with") in [c[:3] for c in kube.calls], "a pod turning Ready is written"
 
 
 def test_a_first_reconcile_of_a_model_with_a_status_reads_its_children(kube: FakeKube) -> None:

@@ -102,3 +102,40 @@ def test_a_pod_label_patch_is_one_merge_patch_under_the_resource_version(api: _A
         if status == 422:
             assert not isinstance(caught.value, KubeTemporaryError)
     assert len(api.requests) == 5  # one request per call: no retries inside the adapter
+
+
+def test_apply_all_applies_at_once_and_raises_the_first_error_after_all_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kube.apply_all: the objects' applies overlap (a new model's handler waits for the slowest, not the sum), the
+    results come back in order, and an error is raised only once every apply has ended: the first in order."""
+    import threading
+    import time
+
+    from kubernetes import client
+
+    from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
+
+    kube = Kube(client.ApiClient())
+    lock, state = threading.Lock(), {"now": 0, "most": 0, "ended": 0}
+
+    def apply(obj: dict[str, object]) -> dict[str, object]:
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.2)
+        with lock:
+            state["now"] -= 1
+            state["ended"] += 1
+        if obj["kind"] == "Service":
+            raise KubePermanentError("apply Service ns/m: HTTP 422: invalid")
+        if obj["kind"] == "Deployment":
+            raise KubeTemporaryError("apply Deployment ns/m: HTTP 409: conflict")
+        return {**obj, "applied": True}
+
+    monkeypatch.setattr(kube, "apply", apply)
+    kinds = [{"kind": "ConfigMap"}, {"kind": "Secret"}, {"kind": "Pod"}]
+    assert kube.apply_all(kinds) == [{**k, "applied": True} for k in kinds]
+    assert state["most"] == 3, "the three applies were in flight together"
+    state["ended"] = 0
+    with pytest.raises(KubeTemporaryError, match="Deployment"):
+        kube.apply_all([{"kind": "ConfigMap"}, {"kind": "Deployment"}, {"kind": "Service"}])
+    assert state["ended"] == 3, "raised once every apply had ended"

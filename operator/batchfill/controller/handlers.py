@@ -24,7 +24,7 @@ import kopf
 from batchfill.adapters import operator_metrics
 from batchfill.adapters.informer import CachedView, ChildCaches
 from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError, RateLimiter
-from batchfill.adapters.metrics import PrometheusSignals
+from batchfill.adapters.metrics import PrometheusSignals, SignalTarget
 from batchfill.adapters.signal_hub import SignalHub
 from batchfill.api.errors import Problem, SpecError
 from batchfill.api.reasons import SpecReason
@@ -32,7 +32,8 @@ from batchfill.api.spec import GROUP, PLURAL, VERSION
 from batchfill.controller.desired import render_on_cpu
 from batchfill.controller.loops import ProfilingLoop, ScalingLoop
 from batchfill.controller.pool_loop import PoolModelsLoop
-from batchfill.controller.reconcile import SpecRejectedError, emitter, reconcile
+from batchfill.controller.reconcile import FirstTick, SpecRejectedError, emitter, reconcile
+from batchfill.controller.scaling import status_before_first_tick
 from batchfill.controller.settings import OperatorSettings
 from batchfill.controller.status import rejection_status
 from batchfill.render.kube import CHILDREN_SELECTOR
@@ -52,6 +53,7 @@ def _kube(memo: Any) -> Kube:
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     ours: OperatorSettings = memo.get("settings") or OperatorSettings.from_env()
+    memo.settings = ours
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
@@ -112,13 +114,32 @@ def reconcile_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
     kube = _kube(memo)
     first = kwargs.get("reason") == kopf.Reason.CREATE and retry == 0  # kopf's cause: a create, first attempt
     with operator_metrics.RECONCILE.labels("reconcile").time():
-        _reconcile(body, patch, kube, retry, first=first)
+        _reconcile(body, patch, kube, retry, first=first, first_tick=_first_tick(memo))
 
 
-def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int, *, first: bool = False) -> None:
+def _first_tick(memo: kopf.Memo) -> FirstTick | None:
+    """The scaling fields of a model's first tick, from the signal hub's answer for a model without Ready pods
+    (:func:`batchfill.controller.scaling.status_before_first_tick`); None before the operator's start-up ran."""
+    hub: SignalHub | None = getattr(memo, "signal_hub", None)
+    ours: OperatorSettings | None = getattr(memo, "settings", None)
+    if hub is None or ours is None:
+        return None
+
+    def first_tick(body: Any, desired: Any, deployment: Any, wanted: dict[str, Any], now: float) -> dict[str, Any]:
+        meta = body["metadata"]
+        target = SignalTarget(meta["namespace"], meta["name"], desired.spec.model.name,
+                              desired.plan_status.maxBatchSize)  # fmt: skip
+        return status_before_first_tick(body, desired, deployment, wanted, now, signals=hub.signals(target),
+                                        interval_s=ours.reconcile_interval_s)  # fmt: skip
+
+    return first_tick
+
+
+def _reconcile(body: kopf.Body, patch: kopf.Patch, kube: Kube, retry: int, *, first: bool = False,
+               first_tick: FirstTick | None = None) -> None:  # fmt: skip
     emit = emitter(kube, body)
     try:
-        changes = reconcile(body, kube, now=time.time(), emit=emit, first=first)
+        changes = reconcile(body, kube, now=time.time(), emit=emit, first=first, first_tick=first_tick)
     except SpecRejectedError as rejected:
         for key, value in rejected.status.items():
             patch.status[key] = value

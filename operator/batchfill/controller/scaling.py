@@ -27,23 +27,22 @@ from batchfill.adapters import operator_metrics
 from batchfill.adapters.kube import Kube, KubePermanentError, KubeTemporaryError
 from batchfill.adapters.metrics import SignalTarget
 from batchfill.api.errors import SpecError
-from batchfill.api.reasons import ConditionType, EventReason, ScalingReason, SignalsReason
+from batchfill.api.reasons import ConditionType, EventReason
 from batchfill.api.spec import GPU_RESOURCE, ScalingMode
-from batchfill.api.status import ConditionStatus, PlannedProfileSource
+from batchfill.api.status import ConditionStatus
 from batchfill.controller.desired import Desired, adopted_profile, desired_state
 from batchfill.controller.pods import PodCounts, pod_counts
 from batchfill.controller.readiness import sla_risk
 from batchfill.controller.reconcile import SERVICE_MONITOR, Event, apply_service_monitor, log_event, reapply
 from batchfill.controller.rollout import in_place_reason
+from batchfill.controller.scale_events import rollback_events, scale_events
 from batchfill.controller.served_config import ServedNumbers, config_text, served_batch_size, served_numbers
 from batchfill.controller.status import (
     changed_fields,
     children_drift,
-    config_applied_condition,
     desired_status,
     hand_rollback,
     observed_status,
-    replicas_managers,
     requests_failing_conditions,
     scaling_conditions,
     stored_votes,
@@ -64,7 +63,6 @@ from batchfill.policy.scaling import (
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.render.kube import (
     CONFIG_KEY,
-    FIELD_MANAGER,
     Owner,
     build_service_monitor,
     configmap_name,
@@ -73,17 +71,6 @@ from batchfill.render.kube import (
 )
 
 log = logging.getLogger("batchfill")
-
-#: Decision reasons that are posted as Warning events (the rest are Normal).
-#: (HoldMetricsUnknown has its own rule: once per MetricsAvailable=False reason, see _scale_events.)
-WARNING_REASONS = frozenset(
-    {
-        ScalingReason.HOLD_REPLICAS_PENDING,
-        ScalingReason.HOLD_REPLICAS_FAILING,
-        ScalingReason.AT_MAX_REPLICAS,
-        ScalingReason.HOLD_NO_CAPACITY,
-    }
-)
 
 #: The signals of one model's Ready pods (SignalHub.signals); never raises for Prometheus trouble.
 ReadSignals = Callable[[SignalTarget], ModelSignals]
@@ -300,7 +287,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     target = decision.desired_replicas if decision.apply else current
     in_place = in_place_reason(deployment, inputs.pods, now, spec.triton.gpuResource)
     events = (
-        *_scale_events(status, deployment, signals, desired, decision, current, target, restored),
+        *scale_events(status, deployment, signals, desired, decision, current, target, restored),
         *rollback_events(status, deployment, desired, served),
         *([("Warning", EventReason.ROLLING_IN_PLACE, in_place)] if in_place else []),
     )
@@ -336,6 +323,29 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     )
 
 
+def status_before_first_tick(
+    body: Mapping[str, Any],
+    desired: Desired,
+    deployment: Mapping[str, Any],
+    wanted: dict[str, Any],
+    now: float,
+    *,
+    signals: ModelSignals,
+    interval_s: float,
+) -> dict[str, Any]:
+    """``wanted``, the status a handler writes for a model no scaling tick has seen yet, with the fields that first
+    tick would write while none of the model's pods is Ready (pure; ``reconcile``'s ``first_tick``).
+
+    ``signals``: what the signal hub answers for a model without Ready pods (NoReadyPods). With these fields in
+    place the first tick writes nothing unless something changed meanwhile (a pod Ready, or Pending). At 1,000 new
+    models that first write was a third of the scaling loop's status writes during creation (benchmarks/scale.py).
+    """
+    written = {**body, "status": {**(body.get("status") or {}), **wanted}}
+    inputs = ScaleInputs(written, desired, None, None, deployment, (), signals)
+    plan = decide_scale(inputs, ScalingMemory(), now=now, interval_s=interval_s)
+    return {**wanted, **plan.status}
+
+
 def _served(inputs: ScaleInputs, desired: Desired, status: Mapping[str, Any]) -> ServedNumbers:
     """The plan numbers of the config the pods run (controller/served_config.py)."""
     measured = adopted_profile(inputs.body.get("spec") or {}, status)
@@ -358,83 +368,6 @@ def _replicas(current: int, pods: PodCounts, signals: ModelSignals) -> Replicas:
         failing=len(pods.failing),
         failing_reason=pods.failing[0] if pods.failing else "",
     )
-
-
-def rollback_events(
-    status: Mapping[str, Any], deployment: Mapping[str, Any], desired: Desired, served: ServedNumbers
-) -> list[Event]:
-    """A Warning once a hand rollback begins to hold (the stored ConfigApplied does not say so yet), saying which
-    capacity scaling uses meanwhile (``served``)."""
-    applied = config_applied_condition(hand_rollback(deployment, desired), desired)
-    stored = cond.find(status.get("conditions"), ConditionType.CONFIG_APPLIED)
-    if applied is None or (stored is not None and stored.get("message") == applied.message):
-        return []
-    message = applied.message
-    if served.note:
-        message += f"; {served.note}"
-    else:
-        message += (f"; scaling uses that config's capacity, {served.numbers.capacity_rps:.4g} req/s per replica "
-                    f"(the plan's: {desired.plan_status.capacityPerReplicaRps:.4g})")  # fmt: skip
-    return [("Warning", EventReason.ROLLED_BACK_BY_HAND, message)]
-
-
-def _scale_events(
-    status: Mapping[str, Any],
-    deployment: Mapping[str, Any],
-    signals: ModelSignals,
-    desired: Desired,
-    decision: Decision,
-    current: int,
-    target: int,
-    restored: int | None,
-) -> tuple[Event, ...]:
-    """The events of one decision (see :func:`decide_scale`); ``restored``: the hand-set count being replaced."""
-    events: list[Event] = []
-    if restored is not None:
-        applied = status.get("appliedReplicas")
-        managers = replicas_managers(deployment)
-        others = sorted(set(managers) - {FIELD_MANAGER})
-        if others or not managers:
-            by = f" by {', '.join(others)}" if others else ""
-            events.append(("Normal", EventReason.MANUAL_SCALE_REVERTED, f"Deployment replicas {restored} were set "
-                           f"outside batchfill{by}; scaling.mode Auto owns them: set {target} (use scaling.mode "
-                           "Off to scale by hand)"))  # fmt: skip
-        else:  # batchfill's own last count: its scale to `applied` was recorded in status but never reached it
-            events.append(("Normal", EventReason.SCALE_RESUMED, f"{restored} -> {target}: status recorded a scale "
-                           f"to {applied} that had not reached the Deployment (the operator stopped, or the API "
-                           "refused it, between the two writes)"))  # fmt: skip
-    if decision.apply:
-        events.append(("Normal", decision.reason, f"{current} -> {decision.desired_replicas}: {decision.message}"))
-    elif decision.reason != status.get("lastScaleReason") and decision.reason != ScalingReason.HOLD_METRICS_UNKNOWN:
-        # a first plan has no capacity by design: holding is expected there, not a warning
-        expected = (
-            decision.reason == ScalingReason.HOLD_NO_CAPACITY
-            and desired.profile_source == PlannedProfileSource.FIRST_PLAN
-        )
-        kind = "Warning" if decision.reason in WARNING_REASONS and not expected else "Normal"
-        events.append((kind, decision.reason, decision.message))
-    metrics = scaling_conditions(decision, signals)[0]
-    before = cond.find(status.get("conditions"), ConditionType.METRICS_AVAILABLE) or {}
-    outage = (ConditionStatus.FALSE, metrics.reason)
-    if metrics.status == ConditionStatus.FALSE and (before.get("status"), before.get("reason")) != outage:
-        # once per outage: Prometheus trouble is a Warning; pods not scraped yet are expected: a Normal event when
-        # a model that had metrics loses them, none for a new model whose first pods are still starting (the
-        # condition says so; at 1,000 new models one such Event each was a tenth of the creation's API requests)
-        expected_gap = signals.reason in (
-            SignalsReason.NO_SERIES,
-            SignalsReason.NO_READY_PODS,
-            SignalsReason.REQUESTS_IN_FLIGHT,
-        )
-        if not expected_gap:
-            events.append(("Warning", ScalingReason.HOLD_METRICS_UNKNOWN, decision.message))
-        elif before.get("status") == ConditionStatus.TRUE:
-            events.append(("Normal", ScalingReason.HOLD_METRICS_UNKNOWN, decision.message))
-    # a Warning once RequestsFailing turns True (the stored condition is not True yet)
-    stored = cond.find(status.get("conditions"), ConditionType.REQUESTS_FAILING) or {}
-    for failing in requests_failing_conditions(decision, status.get("conditions")):
-        if failing.status == ConditionStatus.TRUE and stored.get("status") != ConditionStatus.TRUE:
-            events.append(("Warning", EventReason.REQUESTS_FAILING, failing.message))
-    return tuple(events)
 
 
 def act_scale(
