@@ -7,7 +7,10 @@ arrivals:
 * ``batchfill``: ``policy.scaling.decide`` of this tree;
 * ``batchfill-dc33a0a``: the same function as it was at :data:`BASELINE_COMMIT`, read with ``git show`` and run
   as a module of its own (nothing copied into the tree; the rest of the package is today's);
-* ``keda-rps``: KEDA on request rate at u·C (``compare.run``).
+* ``keda-rps``: KEDA on request rate at u·C (``compare.run``);
+* ``oracle``: not a policy anyone can run, the reference for the targets: it knows each minute's arrival rate
+  :data:`ORACLE_LOOKAHEAD_S` ahead (a replica's start-up and one tick, the soonest a decision can add capacity) and
+  holds ``ceil(max λ_m / C)`` replicas over that look-ahead, at C, with no headroom and no stabilization.
 
 Two trace sets (:func:`tuned_traces`, :func:`held_out_traces`): the policy was developed on the first only; the
 second has other seeds, shapes and noise levels and is reported separately. Per trace: GPU-hours over the
@@ -22,6 +25,7 @@ Run: PYTHONPATH=operator .venv/bin/python benchmarks/policy.py [--hours H] [--do
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import subprocess
 import sys
@@ -29,6 +33,9 @@ import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
 
 from batchfill.api.spec import BatchedModelSpec
 from batchfill.compare.autoscalers import BatchfillAutoscaler, signals_from
@@ -44,6 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The commit whose scaling policy is "today's" for this comparison (the branch point of the policy work).
 BASELINE_COMMIT = "dc33a0a"
 SCALING = "operator/batchfill/policy/scaling.py"
+#: How far ahead the oracle knows the rate, seconds: Options().startup_s + Options().tick_s.
+ORACLE_LOOKAHEAD_S = Options().startup_s + Options().tick_s
 MAX_LOWER_BOUND_RATIO = 1.10
 MIN_SLO = 0.999
 MIN_SAVING_VS_KEDA = 0.10
@@ -77,6 +86,36 @@ class BaselineAutoscaler(BatchfillAutoscaler):
         d = self.module.decide(inp)
         self.history, self.saturation = d.history, d.saturation
         return ScaleDecision(d.desired_replicas, d.reason)
+
+
+@dataclass
+class OracleAutoscaler:
+    """Knows the per-minute arrival rates ``rates`` (req/s) ahead: ``ceil(max rate over the next lookahead_s / C)``
+    replicas, at least 1 (module docstring)."""
+
+    rates: npt.NDArray[np.float64]
+    capacity_rps: float
+    lookahead_s: float = ORACLE_LOOKAHEAD_S
+    name: str = "oracle"
+
+    def decide(self, obs: Observation) -> ScaleDecision:
+        first, last = int(obs.now_s // 60), int((obs.now_s + self.lookahead_s) // 60)
+        ahead = self.rates[first : last + 1]
+        peak = float(ahead.max()) if len(ahead) else 0.0
+        return ScaleDecision(max(1, math.ceil(peak / self.capacity_rps - 1e-9)), "Oracle")
+
+
+def oracle_run(spec: BatchedModelSpec, st: Setup, trace: traces.Trace) -> FleetRun:
+    """The oracle on the fleet ``compare`` builds for ``batchfill`` (same first count and settings)."""
+    o, s = Options(), spec.scaling
+    rates = minute_rates(arrivals_per_minute(trace), trace.duration_s)
+    first = replicas_for(float(rates[0]), st.capacity_rps, s.targetUtilization, max(1, s.minReplicas), s.maxReplicas)
+    config = FleetConfig(
+        batcher=st.batcher, latency_ms=st.latency_ms, budget_ms=st.plan.serverBudgetMs,
+        gpus_per_replica=st.gpus_per_replica, initial_replicas=first, startup_s=o.startup_s, tick_s=o.tick_s,
+        scrape_s=o.scrape_s, window_s=o.window_s, warmup_s=o.window_s, balancing=o.balancing, balancing_seed=o.seed,
+    )  # fmt: skip
+    return simulate_fleet(trace, config, OracleAutoscaler(rates, st.capacity_rps))
 
 
 def tuned_traces(day_s: float) -> list[traces.Trace]:
@@ -150,8 +189,9 @@ def run_set(spec: BatchedModelSpec, st: Setup, module: types.ModuleType, ts: lis
         c = compare(spec, tr, ["batchfill", "keda-rps"], Options(), setup=st)
         ours, keda = c.runs
         old = baseline_run(spec, st, tr, module)
+        oracle = oracle_run(spec, st, tr)
         bound = c.lower_bound_gpu_seconds
-        for run in (ours, old, keda):
+        for run in (ours, old, keda, oracle):
             cells = verdicts(run, keda, bound) if run is not keda else ["", "", ""]
             lines.append(
                 f"| {tr.name} | {run.policy} | {run.gpu_hours:.2f} | {run.gpu_seconds / bound:.3f} "
@@ -189,6 +229,12 @@ def main() -> int:
         "same function before the policy work (loaded from git), `keda-rps` KEDA on request rate at u·C. The "
         "verdict columns compare each batchfill row with keda-rps on the same arrivals; `x bound` is GPU time "
         "over `∫ ceil(λ_m / C) dt`.",
+        "",
+        f"`oracle` is no policy anyone can run but the reference for the targets: it knows every minute's arrival "
+        f"rate {ORACLE_LOOKAHEAD_S:g} s ahead (a replica's start-up and one tick, the soonest any decision adds "
+        "capacity) and holds `ceil(max λ_m / C)` replicas over that look-ahead, at C, without headroom or "
+        "stabilization. Where even it misses ≤ 1.10 x at ≥ 99.9 %, the target asks for more than knowing the next "
+        "minute gives on that trace; a policy that cannot see ahead needs headroom the oracle does not.",
         "",
         "## Traces the policy was developed on",
         "",

@@ -192,3 +192,32 @@ def test_replan_fleet_refuses_rates_of_another_shape_and_attainment_names_the_wo
     assert attainment({"a": [100, 99], "b": [10, 5], "c": [0, 0]}) == (104 / 110, 0.5, "b")
     with pytest.raises(ValueError, match=r"peak_to_trough=0\.5 must be >= 1"):
         diurnal_rates([1.0], 2, 60.0, peak_to_trough=0.5, noise_sigma=0.1, rng=np.random.default_rng(0))
+
+
+def test_replanning_within_the_period_serves_its_first_seconds_on_the_old_placement() -> None:
+    """``replan_after_s`` (the operator's pool re-plans once a member's rate rose): a period whose rate jumped is
+    served by the old placement for its first seconds only, then by one planned on the period's rates; GPUs and
+    requests count each part for its share of the period, so the jump costs the model less than a period on the old
+    placement and more than none."""
+    spec = load_model(named("a")).spec
+    plan = plan_batching(spec)
+    models = FleetModels(("a", "b"), {"a": spec, "b": spec}, {"a": plan, "b": plan}, {"a": 1024.0, "b": 1024.0})
+    true = np.array([[5.0, 5.0], [6.0 * CAPACITY_RPS, 5.0]])  # period 1: "a" needs several GPUs of its own
+    before = np.array([[5.0, 5.0], [5.0, 5.0]])
+    common = {"period_s": 600.0, "sample_s": 30.0, "gpu_memory_mib": 16384.0, "seed": 0}
+    runs = {
+        "old": replan_fleet(models, true, before, **common),  # type: ignore[arg-type]
+        "replanned": replan_fleet(models, true, true, replan_after_s=60.0, **common),  # type: ignore[arg-type]
+        "oracle": replan_fleet(models, true, true, **common),  # type: ignore[arg-type]
+    }
+    met = {k: r.attainment_shared["a"][1] / r.attainment_shared["a"][0] for k, r in runs.items()}
+    assert met["old"] < 0.8 < met["replanned"] < met["oracle"], met
+    replanned = runs["replanned"]
+    first, second = replanned.placements
+    old_gpus = len(first.shared) + first.dedicated_gpus
+    assert old_gpus < replanned.shared_gpus[1] < runs["oracle"].shared_gpus[1] + 1e-9
+    assert replanned.shared_gpus[1] != round(replanned.shared_gpus[1]), "a mean over the period's two parts"
+    assert second.model("a").dedicated_gpus >= 5
+    for bad in (0.0, 600.0):
+        with pytest.raises(ValueError, match="replan_after_s"):
+            replan_fleet(models, true, true, replan_after_s=bad, **common)  # type: ignore[arg-type]

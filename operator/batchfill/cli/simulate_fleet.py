@@ -197,7 +197,7 @@ def fleet_json(run: FleetRun, fleet: FleetModels, true_rps: Any, duration_s: flo
     att = {k: attainment(v) for k, v in (("shared", run.attainment_shared), ("single", run.attainment_single))}
     moves = sum(run.moves)
 
-    def frac(c: list[int]) -> float:
+    def frac(c: list[float]) -> float:
         return c[1] / c[0] if c[0] else 1.0
 
     return {

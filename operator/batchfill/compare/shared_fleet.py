@@ -13,6 +13,13 @@ each period ``k``:
   model per GPU set (:func:`batchfill.sim.batcher.simulate_batcher`; the replicas of a set are alike), for
   ``sample_s`` seconds after a :data:`WARMUP_S` warm-up, under fresh Poisson arrivals.
 
+With ``replan_after_s`` (what the operator does: controller/pool_plan.py plans its pool again as soon as a member's
+rate rises 10 % above the rate its placement was planned at, and every 60 s anyway), period ``k`` is served in two
+parts: for its first ``replan_after_s`` seconds (the rate window, the loop's tick and a move) by the placement in
+force, planned in the period before; then by a placement planned on ``planned_rps[k]``, the rates the operator
+observes in the period (with the placement in force as the current one, so its hysteresis applies). Both parts
+have the dedicated GPUs following the true rate. GPUs and requests count each part for its share of the period.
+
 Counted: GPUs held per period (GPU-hours = GPUs x period), the fractional bound Σ_m λ_m(t) / C_m, moves, and per
 model the requests and those within the model's server budget (SLO attainment). Sampling a window per period
 bounds the work and starts each window empty; the warm-up discards that transient.
@@ -65,27 +72,32 @@ class FleetRun:
 
     Attributes:
         period_h: length of a period, hours.
-        shared_gpus: GPUs of the shared placement (dedicated + shared).
+        shared_gpus: GPUs of the shared placement (dedicated + shared; with a re-plan within the period, the mean over
+            the period).
         dedicated_gpus: the dedicated ones among them.
         single_gpus: GPUs of one model per GPU.
         bound: the fractional bound Σ λ / C at the true rates, GPUs.
         moves: models moved between shared GPUs by that period's re-plan.
         plan_s: planning time by ``clock``, s (0 without one).
         fill: mean Σ design rate / C over the shared GPUs (0 without shared GPUs).
-        attainment_shared, attainment_single: per model ``[requests, within budget]`` over the whole run.
+        busy: each simulated shared GPU's busy fraction (Σ l(b) of its batches over the time simulated), every
+            period's in turn.
+        attainment_shared, attainment_single: per model ``[requests, within budget]`` over the whole run (the part of a
+            period served after a re-plan weighs its share of the period: not whole numbers then).
         placements: the placement in force each period.
     """
 
     period_h: float
-    shared_gpus: list[int] = field(default_factory=list)
-    dedicated_gpus: list[int] = field(default_factory=list)
+    shared_gpus: list[float] = field(default_factory=list)
+    dedicated_gpus: list[float] = field(default_factory=list)
     single_gpus: list[int] = field(default_factory=list)
     bound: list[float] = field(default_factory=list)
     moves: list[int] = field(default_factory=list)
     plan_s: list[float] = field(default_factory=list)
     fill: list[float] = field(default_factory=list)
-    attainment_shared: dict[str, list[int]] = field(default_factory=dict)
-    attainment_single: dict[str, list[int]] = field(default_factory=dict)
+    busy: list[float] = field(default_factory=list)
+    attainment_shared: dict[str, list[float]] = field(default_factory=dict)
+    attainment_single: dict[str, list[float]] = field(default_factory=dict)
     placements: list[Placement] = field(default_factory=list)
 
     def gpu_hours(self) -> tuple[float, float, float]:
@@ -97,7 +109,7 @@ class FleetRun:
         )
 
 
-def attainment(counts: Mapping[str, Sequence[int]]) -> tuple[float, float, str]:
+def attainment(counts: Mapping[str, Sequence[float]]) -> tuple[float, float, str]:
     """(all requests in SLO, the worst model's fraction in SLO, its name) from per model ``[requests, within]``;
     a model without requests counts as 1.0. Raises ValueError for an empty mapping."""
     if not counts:
@@ -208,10 +220,11 @@ def serve_shared(
     sample_s: float,
     rng: np.random.Generator,
     follow: bool = False,
-) -> tuple[int, dict[str, list[int]]]:
-    """Dedicated GPUs used, and per model [requests, within budget], of one period: the placement ``p`` serving the
-    true rates, split by :func:`split_rate`."""
+) -> tuple[int, dict[str, list[int]], list[float]]:
+    """Dedicated GPUs used, per model [requests, within budget], and each shared GPU's busy fraction (Σ l(b) over
+    the time simulated), of one period: the placement ``p`` serving the true rates, split by :func:`split_rate`."""
     out = {n: [0, 0] for n in fleet.names}
+    busy: list[float] = []
     span = sample_s + WARMUP_S
     split = {
         m.name: split_rate(m, true_rps[m.name], fleet.specs[m.name].scaling.targetUtilization, follow) for m in p.models
@@ -224,6 +237,7 @@ def serve_shared(
             models.append(SharedModel(m.config.batcher, tuple(table), fleet.plans[name].server_budget_ms))
             arrivals.append(_arrivals(split[name][0], span, rng))
         run = simulate_shared(arrivals, models)
+        busy.append(run.gpu_busy_fraction)
         for name, arr, lat, sm in zip(s.tenants, arrivals, run.latencies_ms, models, strict=True):
             n, ok = _counted(arr, lat, sm.budget_ms)
             out[name][0] += n
@@ -236,7 +250,7 @@ def serve_shared(
             n, ok = _one_replica(fleet, m.name, each, span, rng)
             out[m.name][0] += n * gpus
             out[m.name][1] += ok * gpus
-    return dedicated, out
+    return dedicated, out, busy
 
 
 def serve_one_per_gpu(
@@ -268,6 +282,31 @@ def _fill(p: Placement) -> float:
     return float(np.mean(loads)) if loads else 0.0
 
 
+def _serve_parts(
+    run: FleetRun,
+    fleet: FleetModels,
+    parts: Sequence[tuple[Placement, float, float]],
+    true: Mapping[str, float],
+    rng: np.random.Generator,
+    follow: bool,
+    period_s: float | None,
+) -> None:
+    """Serve one period's ``parts`` (placement, seconds sampled, weight of its counts) and add to ``run`` its
+    shared placement's GPUs (with ``period_s``: each part's GPUs for its share of the period) and requests."""
+    gpus_s = dedicated_s = 0.0
+    for placement, span_s, weight in parts:
+        dedicated, served, busy = serve_shared(fleet, placement, true, span_s, rng, follow)
+        run.busy += busy
+        share = span_s * weight / period_s if period_s is not None else 1.0
+        gpus_s += (len(placement.shared) + dedicated) * share
+        dedicated_s += dedicated * share
+        for n, (c, ok) in served.items():
+            run.attainment_shared[n][0] += c * weight
+            run.attainment_shared[n][1] += ok * weight
+    run.shared_gpus.append(gpus_s)
+    run.dedicated_gpus.append(dedicated_s)
+
+
 def replan_fleet(
     fleet: FleetModels,
     true_rps: FloatArray,
@@ -280,6 +319,7 @@ def replan_fleet(
     clock: Callable[[], float] | None = None,
     on_period: Callable[[int, FleetRun], None] | None = None,
     follow_dedicated: bool = False,
+    replan_after_s: float | None = None,
 ) -> FleetRun:
     """Re-plan and serve the fleet period by period (module docstring).
 
@@ -295,6 +335,9 @@ def replan_fleet(
         on_period: called after each period with its index and the run so far (progress).
         follow_dedicated: dedicated GPUs (of both placements) follow each period's true rate, as the operator's
             scaling does every 15 s; the shared GPUs keep the plan (:func:`split_rate`). False: both as planned.
+        replan_after_s: serve each period's first seconds with the placement in force, then re-plan on
+            ``planned_rps`` of the period (module docstring); the dedicated GPUs follow the rate. None: one plan per
+            period, made at its start.
 
     Raises:
         ValueError: rate arrays of different shapes or not ``len(fleet.names)`` columns, a non-positive period or
@@ -307,28 +350,31 @@ def replan_fleet(
         )
     if not (period_s > 0 and sample_s > 0):
         raise ValueError(f"period_s={period_s} and sample_s={sample_s} must be > 0")
+    if replan_after_s is not None and not 0 < replan_after_s < period_s:
+        raise ValueError(f"replan_after_s={replan_after_s} must be within the period (0, {period_s})")
     rng = np.random.default_rng(seed + 1)
     run = FleetRun(period_s / 3600.0)
-    run.attainment_shared = {n: [0, 0] for n in fleet.names}
-    run.attainment_single = {n: [0, 0] for n in fleet.names}
+    run.attainment_shared = {n: [0.0, 0.0] for n in fleet.names}
+    run.attainment_single = {n: [0.0, 0.0] for n in fleet.names}
     current: Placement | None = None
     for k in range(true_rps.shape[0]):
         seen = dict(zip(fleet.names, planned_rps[k].tolist(), strict=True))
         true = dict(zip(fleet.names, true_rps[k].tolist(), strict=True))
         demands = [ModelDemand(n, fleet.specs[n], seen[n], fleet.memory_mib[n]) for n in fleet.names]
+        parts: list[tuple[Placement, float, float]] = []  # (placement, seconds sampled, weight of its counts)
+        if replan_after_s is not None and current is not None:
+            parts.append((current, replan_after_s, 1.0))
         t0 = clock() if clock else 0.0
         current = plan_placement(demands, gpu_memory_mib, current=current, seed=seed, solo_plans=fleet.plans)
         run.plan_s.append(clock() - t0 if clock else 0.0)
+        rest_s = period_s - (parts[0][1] if parts else 0.0)
+        parts.append((current, sample_s, rest_s / sample_s if replan_after_s is not None else 1.0))
         run.placements.append(current)
         run.moves.append(current.moves)
         run.fill.append(_fill(current))
-        dedicated, served = serve_shared(fleet, current, true, sample_s, rng, follow_dedicated)
-        run.shared_gpus.append(len(current.shared) + dedicated)
-        run.dedicated_gpus.append(dedicated)
-        for n, (c, ok) in served.items():
-            run.attainment_shared[n][0] += c
-            run.attainment_shared[n][1] += ok
-        gpus, per = serve_one_per_gpu(fleet, seen, true, sample_s, rng, follow_dedicated)
+        follow = follow_dedicated or replan_after_s is not None
+        _serve_parts(run, fleet, parts, true, rng, follow, period_s if replan_after_s is not None else None)
+        gpus, per = serve_one_per_gpu(fleet, seen, true, sample_s, rng, follow)
         run.single_gpus.append(gpus)
         for n, (c, ok) in per.items():
             run.attainment_single[n][0] += c
