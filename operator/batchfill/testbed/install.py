@@ -13,6 +13,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ import yaml
 
 from batchfill.api.crd import CRD_NAME
 from batchfill.testbed import devcluster
+
+#: How long :func:`install_operator_rbac` waits for the installed CRDs' storage to answer a LIST, seconds.
+CRD_STORAGE_WAIT_S = 60.0
 
 OPERATOR_NS, OPERATOR_SA = "batchfill-system", "batchfill"
 #: The operator (kopf's graceful stop) gets this after SIGTERM before SIGKILL, then OPERATOR_KILL_WAIT_S to exit.
@@ -57,11 +61,35 @@ def server_side_apply(kubeconfig: Path, docs: list[dict[str, Any]], path: Path) 
 
 
 def install_operator_rbac(kubeconfig: Path, work: Path) -> None:
-    """Server-side apply deploy/base without the operator's Deployment; wait for the CRD to be Established."""
+    """Server-side apply deploy/base without the operator's Deployment; wait for the CRD to be Established and
+    for every installed CRD's storage to answer a LIST (:func:`wait_for_crd_storage`)."""
     rendered = kubectl_stdout(kubeconfig, "kustomize", str(devcluster.SOURCE_ROOT / "deploy" / "base"))
     install = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") in INSTALL_KINDS]
     server_side_apply(kubeconfig, install, work / "install.yaml")
     kubectl_stdout(kubeconfig, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_for_crd_storage(
+        kubeconfig, [d["metadata"]["name"] for d in install if d["kind"] == "CustomResourceDefinition"]
+    )
+
+
+def wait_for_crd_storage(kubeconfig: Path, crds: list[str], timeout_s: float = CRD_STORAGE_WAIT_S) -> None:
+    """Until a LIST of each CRD's resource (``plural.group``, the CRD's name) answers. An Established CRD's storage
+    may still be initializing its watch cache: the API server answers HTTP 429 "storage is (re)initializing"
+    meanwhile, and an operator started at once met it on its first LIST (benchmarks/scale.py counted it as
+    throttling).
+
+    Raises:
+        TimeoutError: a LIST still failed after ``timeout_s`` seconds (its last error in the message).
+    """
+    deadline = time.monotonic() + timeout_s
+    for crd in crds:
+        while True:
+            done = devcluster.kubectl(kubeconfig, "get", crd, "-A", "-o", "name", check=False, timeout_s=30)
+            if done.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"LIST {crd} still failing after {timeout_s:g} s: {done.stderr.strip()[:300]}")
+            time.sleep(0.5)
 
 
 @contextlib.contextmanager
