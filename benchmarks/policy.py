@@ -107,15 +107,20 @@ class OracleAutoscaler:
 
 def oracle_run(spec: BatchedModelSpec, st: Setup, trace: traces.Trace) -> FleetRun:
     """The oracle on the fleet ``compare`` builds for ``batchfill`` (same first count and settings)."""
+    rates = minute_rates(arrivals_per_minute(trace), trace.duration_s)
+    return simulate_fleet(trace, fleet_config(spec, st, trace), OracleAutoscaler(rates, st.capacity_rps))
+
+
+def fleet_config(spec: BatchedModelSpec, st: Setup, trace: traces.Trace) -> FleetConfig:
+    """The fleet ``compare`` builds for ``batchfill`` on ``trace``: its first count and settings."""
     o, s = Options(), spec.scaling
     rates = minute_rates(arrivals_per_minute(trace), trace.duration_s)
     first = replicas_for(float(rates[0]), st.capacity_rps, s.targetUtilization, max(1, s.minReplicas), s.maxReplicas)
-    config = FleetConfig(
+    return FleetConfig(
         batcher=st.batcher, latency_ms=st.latency_ms, budget_ms=st.plan.serverBudgetMs,
         gpus_per_replica=st.gpus_per_replica, initial_replicas=first, startup_s=o.startup_s, tick_s=o.tick_s,
         scrape_s=o.scrape_s, window_s=o.window_s, warmup_s=o.window_s, balancing=o.balancing, balancing_seed=o.seed,
     )  # fmt: skip
-    return simulate_fleet(trace, config, OracleAutoscaler(rates, st.capacity_rps))
 
 
 def tuned_traces(day_s: float) -> list[traces.Trace]:
@@ -148,16 +153,8 @@ def held_out_traces(day_s: float) -> list[traces.Trace]:
 
 def baseline_run(spec: BatchedModelSpec, st: Setup, trace: traces.Trace, module: types.ModuleType) -> FleetRun:
     """The baseline policy on the fleet ``compare`` builds for ``batchfill`` (same first count and settings)."""
-    o, s = Options(), spec.scaling
-    rates = minute_rates(arrivals_per_minute(trace), trace.duration_s)
-    first = replicas_for(float(rates[0]), st.capacity_rps, s.targetUtilization, max(1, s.minReplicas), s.maxReplicas)
-    config = FleetConfig(
-        batcher=st.batcher, latency_ms=st.latency_ms, budget_ms=st.plan.serverBudgetMs,
-        gpus_per_replica=st.gpus_per_replica, initial_replicas=first, startup_s=o.startup_s, tick_s=o.tick_s,
-        scrape_s=o.scrape_s, window_s=o.window_s, warmup_s=o.window_s, balancing=o.balancing, balancing_seed=o.seed,
-    )  # fmt: skip
-    auto = BaselineAutoscaler(st.plan, s, name=f"batchfill-{BASELINE_COMMIT}", module=module)
-    return simulate_fleet(trace, config, auto)
+    auto = BaselineAutoscaler(st.plan, spec.scaling, name=f"batchfill-{BASELINE_COMMIT}", module=module)
+    return simulate_fleet(trace, fleet_config(spec, st, trace), auto)
 
 
 def verdicts(ours: FleetRun, keda: FleetRun, bound_s: float) -> list[str]:
