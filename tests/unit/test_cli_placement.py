@@ -127,6 +127,12 @@ def test_spec_placement_memory_is_the_models_figure_unless_memory_flags_override
     assert main(["plan", str(path), *rate_flags(), "--memory", "big=4096", "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert next(m for m in out["models"] if m["name"] == "big")["memoryMiB"] == 4096
+    docs[0]["spec"]["placement"]["memoryMiB"] = 4096  # from the spec (an integer there), not from a flag
+    path.write_text(yaml.safe_dump_all(docs))
+    assert main(["plan", str(path), *rate_flags(), "-o", "json"]) == 0
+    figures = [m["memoryMiB"] for m in json.loads(capsys.readouterr().out)["models"]]
+    assert 4096.0 in figures
+    assert all(type(f) is float for f in figures), "one JSON type whatever the source"
 
 
 def test_the_shared_example_folder_checks_its_pool_and_places_its_models(

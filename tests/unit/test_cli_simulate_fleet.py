@@ -221,3 +221,21 @@ def test_replanning_within_the_period_serves_its_first_seconds_on_the_old_placem
     for bad in (0.0, 600.0):
         with pytest.raises(ValueError, match="replan_after_s"):
             replan_fleet(models, true, true, replan_after_s=bad, **common)  # type: ignore[arg-type]
+
+
+def test_the_examples_minute_rates_run_as_the_readme_shows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """README's `simulate examples/shared/ --fleet --rates examples/shared-minute-rates.yaml ...`: the example file
+    is the format --fleet --rates takes (two hours, one rate a minute), and its three models share fewer GPUs."""
+    rates = ROOT / "examples" / "shared-minute-rates.yaml"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "--fleet --rates examples/shared-minute-rates.yaml --replan-minutes 15" in readme
+    argv = [str(ROOT / "examples" / "shared"), "--fleet", "--rates", str(rates), "--replan-minutes", "15"]
+    doc = run_json([*argv, "--memory", "detector=4096", "--sample-seconds", "15"], tmp_path / "a.json", capsys)
+    assert doc["durationSeconds"] == 7200.0
+    assert len(doc["periods"]) == 8
+    assert sorted(doc["models"]) == ["detector", "resnet50", "text-classifier"]
+    series = yaml.safe_load(rates.read_text())
+    for m in doc["perModel"]:
+        assert m["meanRps"] == pytest.approx(sum(series[m["name"]]) / 120, rel=1e-6)
+    g = doc["gpuHours"]
+    assert g["fractionalBound"] < g["shared"] < g["oneModelPerGpu"], "the example shows the saving it documents"

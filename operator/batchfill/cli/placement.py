@@ -108,8 +108,9 @@ def gpu_memory_problems(gpu_memory_mib: float) -> list[Problem]:
 
 def memory_mib(name: str, spec: BatchedModelSpec, flags: dict[str, float]) -> float:
     """The GPU memory a model holds, MiB, in the operator's order (controller/pool_sync.py): ``--memory NAME=MIB``,
-    else its ``spec.placement.memoryMiB``, else the default."""
-    return flags.get(name, spec.placement.memoryMiB or DEFAULT_MODEL_MEMORY_MIB)
+    else its ``spec.placement.memoryMiB``, else the default. A float whatever its source, so that ``-o json`` spells
+    every figure alike."""
+    return float(flags.get(name, spec.placement.memoryMiB or DEFAULT_MODEL_MEMORY_MIB))
 
 
 def _rates(args: argparse.Namespace) -> tuple[dict[str, float], list[Problem]]:
