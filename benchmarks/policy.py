@@ -108,13 +108,17 @@ class OracleAutoscaler:
 def oracle_run(spec: BatchedModelSpec, st: Setup, trace: traces.Trace) -> FleetRun:
     """The oracle on the fleet ``compare`` builds for ``batchfill`` (same first count and settings)."""
     rates = minute_rates(arrivals_per_minute(trace), trace.duration_s)
-    return simulate_fleet(trace, fleet_config(spec, st, trace), OracleAutoscaler(rates, st.capacity_rps))
+    return simulate_fleet(trace, fleet_config(spec, st, trace, rates), OracleAutoscaler(rates, st.capacity_rps))
 
 
-def fleet_config(spec: BatchedModelSpec, st: Setup, trace: traces.Trace) -> FleetConfig:
-    """The fleet ``compare`` builds for ``batchfill`` on ``trace``: its first count and settings."""
+def fleet_config(
+    spec: BatchedModelSpec, st: Setup, trace: traces.Trace, rates: npt.NDArray[np.float64] | None = None
+) -> FleetConfig:
+    """The fleet ``compare`` builds for ``batchfill`` on ``trace``: its first count and settings. ``rates``: the
+    trace's per-minute rates, req/s, when the caller has them already."""
     o, s = Options(), spec.scaling
-    rates = minute_rates(arrivals_per_minute(trace), trace.duration_s)
+    if rates is None:
+        rates = minute_rates(arrivals_per_minute(trace), trace.duration_s)
     first = replicas_for(float(rates[0]), st.capacity_rps, s.targetUtilization, max(1, s.minReplicas), s.maxReplicas)
     return FleetConfig(
         batcher=st.batcher, latency_ms=st.latency_ms, budget_ms=st.plan.serverBudgetMs,

@@ -155,16 +155,9 @@ def limit_requests(api: client.ApiClient, limiter: RateLimiter) -> client.ApiCli
     return api
 
 
-_APPLY_POOL: list[ThreadPoolExecutor] = []
-_APPLY_POOL_LOCK = threading.Lock()
-
-
-def _apply_pool() -> ThreadPoolExecutor:
-    """The threads of :meth:`Kube.apply_all` (created on first use, shared by every client of the process)."""
-    with _APPLY_POOL_LOCK:
-        if not _APPLY_POOL:
-            _APPLY_POOL.append(ThreadPoolExecutor(APPLY_CONCURRENCY, thread_name_prefix="batchfill-apply"))
-        return _APPLY_POOL[0]
+#: The threads of :meth:`Kube.apply_all`, shared by every client of the process (an executor starts its threads on
+#: first use, so a process that never applies holds none).
+_APPLY_POOL = ThreadPoolExecutor(APPLY_CONCURRENCY, thread_name_prefix="batchfill-apply")
 
 
 @dataclass
@@ -262,7 +255,7 @@ class Kube:
         """
         if len(objs) <= 1:
             return [self.apply(o) for o in objs]
-        futures = [_apply_pool().submit(self.apply, o) for o in objs]
+        futures = [_APPLY_POOL.submit(self.apply, o) for o in objs]
         errors = [f.exception() for f in futures]
         for err in errors:
             if err is not None:
