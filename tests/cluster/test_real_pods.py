@@ -29,7 +29,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters.triton_stats import parse_model_stats
-from batchfill.api.reasons import ConditionReason, ConditionType, EventReason, ReplanReason, ScalingReason
+from batchfill.api.reasons import (
+    SCALE_OUT_ON_EVIDENCE,
+    ConditionReason,
+    ConditionType,
+    EventReason,
+    ReplanReason,
+    ScalingReason,
+)
 from batchfill.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from batchfill.render.kube import HTTP_PORT, MODEL_LABEL, Owner, build_service_monitor, names, template_config_name
 from batchfill.testbed.balancer import BalancedLoad, ServiceEndpoints
@@ -536,10 +543,10 @@ def test_auto_scales_out_on_saturation_and_in_when_the_load_drops(lab: Lab) -> N
         f"{status['observed'].get('queueTimeMs')} ms; then {final['status']['lastScaleReason']}; "
         f"{sent} sent, {failed} failed, per endpoint {by_endpoint}"
     )
-    assert status["lastScaleReason"] in (ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK)
+    assert status["lastScaleReason"] in SCALE_OUT_ON_EVIDENCE
     assert status["observed"].get("batchFill") is not None  # Prometheus scraped the pods' own metrics
     scale_events = [e.reason for e in lab.events("scale") if e.reason.startswith("Scale")]
-    assert {ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK} & set(scale_events), scale_events
+    assert SCALE_OUT_ON_EVIDENCE & set(scale_events), scale_events
     assert {ScalingReason.SCALE_IN_LOAD_FITS, ScalingReason.SCALE_IN_IDLE} & set(scale_events), scale_events
     assert failed == 0, (sent, failed)
     lab.delete("scale")

@@ -35,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
 from batchfill.api.reasons import (
+    SCALE_OUT_ON_EVIDENCE,
     ConditionReason,
     ConditionType,
     EventReason,
@@ -240,7 +241,7 @@ def test_auto_scales_out_on_saturation_holds_without_metrics_and_scales_in(lab: 
     status = until(
         "status after the scale-out", lambda: lab.bm("auto")["status"], lambda s: s.get("desiredReplicas") == 2, 30
     )
-    assert status["lastScaleReason"] in (ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK), status
+    assert status["lastScaleReason"] in SCALE_OUT_ON_EVIDENCE, status
     assert status.get("lastScaleTime")
     events = lab.kube.core.list_namespaced_event(lab.ns, field_selector="involvedObject.name=auto").items
     assert any(e.reason == status["lastScaleReason"] and "1 -> 2" in e.message for e in events), [
@@ -305,7 +306,7 @@ def test_advise_only_recommends(lab: Lab) -> None:
     status = until(
         "a recommendation of 2", lambda: lab.bm("advise")["status"], lambda s: s.get("desiredReplicas") == 2, 120
     )
-    assert status["lastScaleReason"] in (ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK), status
+    assert status["lastScaleReason"] in SCALE_OUT_ON_EVIDENCE, status
     time.sleep(10)
     lab.load.set_rate(0)
     assert lab.replicas("advise") == 1, "Advise changed the Deployment"

@@ -67,6 +67,7 @@ WIRE: dict[type[StrEnum], dict[str, str]] = {
         "AT_MAX_REPLICAS": "AtMaxReplicas",
         "SCALE_OUT_SATURATED": "ScaleOutSaturated",
         "SCALE_OUT_SLA_AT_RISK": "ScaleOutSLAAtRisk",
+        "SCALE_OUT_LOW_HEADROOM": "ScaleOutLowHeadroom",
         "HOLD_NOT_SATURATED": "HoldNotSaturated",
         "SCALE_IN_IDLE": "ScaleInIdle",
         "SCALE_IN_LOAD_FITS": "ScaleInLoadFits",

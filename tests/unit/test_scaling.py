@@ -108,6 +108,15 @@ QUIET = None  # run()'s default history: nothing holds a scale-in back
         pytest.param(ok(240, fill=0.95), 2, 2, QUIET, 4, R.SCALE_OUT_SATURATED, 6, id="step-bound-doubling"),
         # high rate by the plan, but low fill, short queue, p99 fine: the running replicas keep up
         pytest.param(ok(200, fill=0.3), 2, 2, QUIET, 2, R.HOLD_NOT_SATURATED, 5, id="high-rate-low-fill"),
+        # too little headroom: 100 rps needs 3, and at 1/u = 1.25 x the load a fill of 0.7 (5.6 of 8 per batch)
+        # would reach the saturation fill 0.8 (its 4.6 samples beyond the first grow to 5.75 >= 5.4)
+        pytest.param(ok(100, fill=0.7), 2, 2, QUIET, 3, R.SCALE_OUT_LOW_HEADROOM, 3, id="low-headroom"),
+        # the same rate at a fill of 0.6: its 3.8 samples beyond the first grow to 4.75 < 5.4, room enough
+        pytest.param(ok(100, fill=0.6), 2, 2, QUIET, 2, R.HOLD_NOT_SATURATED, 3, id="headroom-enough"),
+        # a fill within the headroom, but the rate fits the running count within the tolerance (84 rps: 2.1)
+        pytest.param(ok(84, fill=0.7), 2, 2, QUIET, 2, R.HOLD_WITHIN_TOLERANCE, 3, id="low-headroom-rate-fits"),
+        # the step is on the way (1 of 3 starting): the rate asks for no more than the 3, so no second step
+        pytest.param(ok(100, fill=0.7), 3, 2, QUIET, 3, R.HOLD_WITHIN_TOLERANCE, 3, id="low-headroom-in-flight"),
         # SLA at risk at a moderate rate (p99 85 ≥ 81, requests queue 15 ms ≥ T/8): one more replica
         pytest.param(
             ok(60, fill=0.5, queue=15.0, p99=85), 2, 2, QUIET, 3, R.SCALE_OUT_SLA_AT_RISK, 2, id="p99-at-risk"
@@ -564,3 +573,39 @@ def test_a_backlog_the_replicas_cannot_serve_in_time_scales_out_before_queue_tim
     calm = run(ok(60, fill=0.5, queue=2.0, p99=40.0, pending_requests=8), 2)
     assert not calm.sla_at_risk
     assert calm.reason != R.SCALE_OUT_SLA_AT_RISK
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rate=st.floats(1.0, 2_000.0),
+    fill=st.floats(0.0, 1.0),
+    current=st.integers(1, 30),
+    u=st.floats(0.3, 1.0),
+    fill_at_target=st.none() | st.floats(0.05, 1.0),
+)
+def test_property_low_headroom_needs_the_rate_and_the_fill_and_steps_once(
+    rate: float, fill: float, current: int, u: float, fill_at_target: float | None
+) -> None:
+    """ScaleOutLowHeadroom (rule 4) fires only while the load-proportional count is beyond the tolerance above
+    the running count and the fill's samples beyond the first, grown by 1/u, reach the saturation fill's; it
+    steps to no more than that count, and once its replicas are Ready the same load does not fire it again."""
+    plan = PlanNumbers(capacity_rps=50.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0,
+                       batch_fill_at_target=fill_at_target)  # fmt: skip
+    signals = ok(rate, fill=fill)
+    d = run(signals, current, plan=plan, targetUtilization=u, maxReplicas=64)
+    needed = rate / (u * 50.0)
+    saturation_fill = u if fill_at_target is None else fill_at_target
+    fires = (
+        d.recommendation is not None
+        and needed > current
+        and abs(needed / current - 1) > 0.1  # the HPA tolerance, as decide computes it
+        and saturation_fill * 8 - 1 > 0
+        and fill < saturation_fill
+        and fill * 8 - 1 >= u * (saturation_fill * 8 - 1)
+    )
+    assert (d.reason == R.SCALE_OUT_LOW_HEADROOM) == fires
+    if fires:
+        assert d.recommendation is not None
+        assert current < d.desired_replicas <= min(d.recommendation, 2 * current)
+        after = run(signals, d.recommendation, plan=plan, targetUtilization=u, maxReplicas=64)
+        assert after.reason != R.SCALE_OUT_LOW_HEADROOM

@@ -73,6 +73,8 @@ class ScalingReason(StrEnum):
     AT_MAX_REPLICAS = "AtMaxReplicas"
     SCALE_OUT_SATURATED = "ScaleOutSaturated"
     SCALE_OUT_SLA_AT_RISK = "ScaleOutSLAAtRisk"
+    #: the rate needs more replicas and the batch fill would reach saturation at 1/targetUtilization x the load
+    SCALE_OUT_LOW_HEADROOM = "ScaleOutLowHeadroom"
     HOLD_NOT_SATURATED = "HoldNotSaturated"
     SCALE_IN_IDLE = "ScaleInIdle"
     SCALE_IN_LOAD_FITS = "ScaleInLoadFits"
@@ -84,6 +86,12 @@ class ScalingReason(StrEnum):
     HOLD_REQUESTS_FAILING = "HoldRequestsFailing"
     #: the rate alone would scale in, but the fewer replicas would be saturated (their scale-out rules refuse it)
     HOLD_SCALE_IN_WOULD_SATURATE = "HoldScaleInWouldSaturate"
+
+
+#: The scale-out reasons that rest on evidence from the running replicas (rule 4 of ``policy.scaling``).
+SCALE_OUT_ON_EVIDENCE = frozenset(
+    {ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK, ScalingReason.SCALE_OUT_LOW_HEADROOM}
+)
 
 
 class ReplanReason(StrEnum):

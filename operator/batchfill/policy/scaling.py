@@ -2,6 +2,8 @@
 
 Pure: time is passed in and nothing is read or written. One call per tick; the caller carries
 ``Decision.history`` to the next call and patches the Deployment's scale subresource only if ``Decision.apply``.
+Long because it is one ordered decision table: each rule's evidence and its reason sit next to the others they
+are ordered against (the history's storage and the saturation memory live in :mod:`scaling_history`).
 
 Notation: load ``λ`` in samples/s (``max(request rate, inference rate)``: Triton's batcher fills
 ``max_batch_size`` in samples, and the plan's capacity was simulated with one sample per request), capacity at
@@ -26,7 +28,12 @@ Rules, the first that applies decides:
    thresholds sit beyond D, and ``Decision.low_concurrency`` lets the caller say so in a condition. Queue time
    is recorded as requests complete, so it lags a sudden overload; the pending-request gauge does not: a
    backlog the Ready replicas need ``backlog / (ready·C)`` beyond D ≥ T to serve (Little's law) is SLA at
-   risk too.
+   risk too. *Too little headroom* is evidence as well (ScaleOutLowHeadroom): the load-proportional count is
+   beyond the tolerance above the running count, and the window's fill says the Ready replicas would saturate
+   at ``1/u`` times the load (a batch's samples beyond the first grow with the load, as in rule 7:
+   ``fill·B - 1 ≥ u·(fill_sat·B - 1)``). Batches fill less than the plan predicts when arrivals are smoother
+   than Poisson (a round-robin Service), so saturation alone let replicas carry more than C with no room for the
+   next minute's rise.
    Replicas starting or Pending are capacity on the way: no second step for the same
    evidence (HoldCapacityOnTheWay), none at all while pods are unschedulable (HoldReplicasPending), and none
    while the evidence still covers time before the last replica became Ready (HoldSettling: the signal
@@ -38,7 +45,8 @@ Rules, the first that applies decides:
    When at least ``FAILURE_FRACTION`` of the window's requests fail and none succeeds, more replicas of the
    same config would fail the same way: hold (HoldRequestsFailing).
 5. Without evidence a higher load-proportional count is not acted on (HoldNotSaturated): the replicas keep
-   the SLA, so the plan's capacity is conservative and another GPU would only lower the fill.
+   the SLA and are not near saturation, so the plan's capacity is conservative and another GPU would only lower
+   the fill.
 6. A model whose requests fail (``nv_inference_request_failure``, at least ``FAILURE_FRACTION`` of them) is
    neither idle nor healthy: the success rate leaves the failed demand out, so it is not scaled in
    (HoldRequestsFailing; it votes for the current count, so a window of healthy data passes before a scale-in).
@@ -283,6 +291,23 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
         if batching
         else load is not None and cap_ok and load >= per_replica * max(ready, 1)
     )
+    # Too little headroom: the rate asks for more replicas than run and the batch fill says the Ready replicas
+    # are within the target's headroom of saturation. Samples beyond a batch's first grow with the load per
+    # replica (the same model as rule 7's scale-in check), so at 1/u times this load the fill reaches the
+    # saturation fill once (fill·B - 1) >= u·(fill_target·B - 1). Without it a fleet whose batches fill less than
+    # the plan predicts (smoother arrivals than Poisson) held at loads beyond C with no room for the next minute
+    # (benchmarks/policy.py, held-out day-single: 99.24 % within the SLA).
+    headroom_room = fill_target * plan.max_batch_size - 1
+    low_headroom = (
+        metrics_ok
+        and batching
+        and not saturated
+        and fill is not None
+        and rec is not None
+        and rec > current > 0
+        and headroom_room > 0
+        and fill * plan.max_batch_size - 1 >= u * headroom_room
+    )
     p99_risk = (
         budget is not None
         and p99 is not None
@@ -406,10 +431,16 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
                 )
             return out(0, ScalingReason.HOLD_IDLE, f"idle at 0 replicas; {facts}")
 
-        wants_out = saturated or sla_at_risk
+        wants_out = saturated or sla_at_risk or low_headroom
         if wants_out:
             target = max(rec, min(ready, usable) + 1)
-            why = "saturated" if saturated else "SLA at risk"
+            why = (
+                "saturated"
+                if saturated
+                else "SLA at risk"
+                if sla_at_risk
+                else f"fill within the target's headroom of saturation ({fill_target:.3g} at {1 / u:.2f} x the load)"
+            )
             if failing and not ready:
                 msg = f"{why}, but no replica is Ready: more of this config would fail the same way; {facts}"
                 return out(current, ScalingReason.HOLD_REPLICAS_FAILING, msg, target)
@@ -431,7 +462,7 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
                     target,
                 )
             # fill and queue time describe the window; only a p99-driven step waits out Triton's summary too
-            settle = sig.window_s if saturated or queue_risk else settle_s
+            settle = sig.window_s if saturated or low_headroom or queue_risk else settle_s
             if rec <= usable and any(h.ready < ready for h in history if h.time >= now - settle):
                 msg = f"{why}, but a replica became Ready within the last {settle:.0f} s of signals; {facts}"
                 return out(current, ScalingReason.HOLD_SETTLING, msg, target)
@@ -440,7 +471,13 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
                     current, ScalingReason.AT_MAX_REPLICAS, f"{why} at maxReplicas {hi}; {facts}", target, limited=True
                 )
             desired = min(target + failing, hi, 2 * current)
-            reason = ScalingReason.SCALE_OUT_SATURATED if saturated else ScalingReason.SCALE_OUT_SLA_AT_RISK
+            reason = (
+                ScalingReason.SCALE_OUT_SATURATED
+                if saturated
+                else ScalingReason.SCALE_OUT_SLA_AT_RISK
+                if sla_at_risk
+                else ScalingReason.SCALE_OUT_LOW_HEADROOM
+            )
             return out(desired, reason, f"{why}: {current} -> {desired}; {facts}", target, limited=target > hi)
         if requests_failing:
             msg = f"{failure_fraction:.0%} of requests fail: not idle, not scaling in on the successes; {facts}"
