@@ -25,7 +25,10 @@ over its nominal sleep is what the machine adds right now. The rules (printed wi
   Such a batch of b requests also pays a per-request cost outside ``execute`` (request/response marshalling
   through shared memory), so the slope there lies in ``[beta, beta + r_cal]``, r_cal being the calibration
   copy's per-request cost under the same load (it pays its bookkeeping outside the sleep, the sleep model
-  inside, so the sleep model's is at most that). A profile measured with client-side batches
+  inside, so the sleep model's is at most that). The two runs come one after the other, and on a shared
+  machine that cost drifts between them (0.098 against 0.072 ms, standard errors 0.003-0.005 ms, once in a CI
+  run), so the bound is ``2·r_cal`` plus noise, as for the constant: a sleep model that paid beta per request
+  would be far over it (1 ms against about 0.2 ms). A profile measured with client-side batches
   (``batchfill profile``) understates dynamically formed batches of b requests by that much per request.
 """
 
@@ -198,7 +201,9 @@ def test_dynamic_batches_of_single_requests_take_alpha_plus_beta_b(triton: Local
     print(f"per-request cost of dynamically batched requests: {got.per_request_ms:.4f} ms (standard error "
           f"{se_got:.4f}), calibration {cal.per_request_ms:.4f} ms ({se_cal:.4f})")  # fmt: skip
     assert got.per_request_ms >= -Z * se_got, f"slope {BETA_MS + got.per_request_ms:.4f} below beta {BETA_MS}"
-    # A difference of two independent estimates: their standard errors add in quadrature.
-    assert got.per_request_ms <= max(cal.per_request_ms, 0.0) + Z * np.hypot(se_got, se_cal), (
-        f"per-request cost {got.per_request_ms:.4f} ms above the calibration's {cal.per_request_ms:.4f} ms"
+    # Two runs one after the other: their standard errors add in quadrature, and the machine's cost may drift
+    # between them as the constant's may (the factor 2, as above). A per-request defect of the sleep model costs
+    # beta (1 ms) per request, about ten times the calibration's cost.
+    assert got.per_request_ms <= 2 * max(cal.per_request_ms, 0.0) + Z * np.hypot(se_got, se_cal), (
+        f"per-request cost {got.per_request_ms:.4f} ms over twice the calibration's {cal.per_request_ms:.4f} ms"
     )
