@@ -46,11 +46,11 @@ import numpy as np
 import numpy.typing as npt
 
 from batchfill.api.spec import BatchedModelSpec
-from batchfill.compare.autoscalers import BatchfillAutoscaler, signals_from
+from batchfill.compare.autoscalers import BatchfillAutoscaler
 from batchfill.compare.report import SLO_EQUAL_TOLERANCE
 from batchfill.compare.run import Options, Setup, arrivals_per_minute, compare, prepare
 from batchfill.policy.plan import replicas_for
-from batchfill.policy.scaling import PlanNumbers, Replicas, ScalingInput, decide
+from batchfill.policy.scaling import PlanNumbers, decide
 from batchfill.sim import traces
 from batchfill.sim.fleet import FleetConfig, FleetRun, Observation, ScaleDecision, minute_rates, simulate_fleet
 from fleet_cost import load_spec
@@ -93,13 +93,7 @@ class BaselineAutoscaler(BatchfillAutoscaler):
 
     def decide(self, obs: Observation) -> ScaleDecision:
         assert self.module is not None
-        signals = signals_from(obs, self.plan.maxBatchSize)
-        replicas = Replicas(current=obs.current, ready=obs.ready, starting=obs.starting)
-        plan = PlanNumbers.from_status(self.plan)
-        inp = ScalingInput(obs.now_s, signals, plan, self.scaling, replicas, self.history, self.saturation)
-        d = self.module.decide(inp)
-        self.history, self.saturation = d.history, d.saturation
-        return ScaleDecision(d.desired_replicas, d.reason)
+        return self.step(obs, self.scaling, PlanNumbers.from_status(self.plan), self.module.decide)
 
 
 @dataclass
@@ -134,11 +128,7 @@ class VariabilityAutoscaler(BatchfillAutoscaler):
         fill, size = plan.batch_fill_at_target, plan.max_batch_size
         if fill is not None and size > 0:
             plan = replace(plan, batch_fill_at_target=min(1.0, (1 + (fill * size - 1) * u / u0) / size))
-        signals = signals_from(obs, self.plan.maxBatchSize)
-        replicas = Replicas(current=obs.current, ready=obs.ready, starting=obs.starting)
-        d = decide(ScalingInput(obs.now_s, signals, plan, spec, replicas, self.history, self.saturation))
-        self.history, self.saturation = d.history, d.saturation
-        return ScaleDecision(d.desired_replicas, d.reason)
+        return self.step(obs, spec, plan, decide)
 
 
 def variability_run(spec: BatchedModelSpec, st: Setup, trace: traces.Trace) -> FleetRun:

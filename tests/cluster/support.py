@@ -18,10 +18,16 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from batchfill.api.reasons import ScalingReason
 from batchfill.testbed import devcluster
 from batchfill.testbed.devcluster import GPU_RESOURCE
 
 T = TypeVar("T")
+
+#: The scale-out reasons that rest on evidence from the running replicas (rule 4 of ``policy.scaling``).
+SCALE_OUT_ON_EVIDENCE = frozenset(
+    {ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK, ScalingReason.SCALE_OUT_LOW_HEADROOM}
+)
 
 
 def in_ci() -> bool:

@@ -30,7 +30,6 @@ from kubernetes.client.exceptions import ApiException
 
 from batchfill.adapters.triton_stats import parse_model_stats
 from batchfill.api.reasons import (
-    SCALE_OUT_ON_EVIDENCE,
     ConditionReason,
     ConditionType,
     EventReason,
@@ -44,7 +43,7 @@ from batchfill.testbed.install import CLAIM
 from batchfill.testbed.loadgen import grpc_fp32_input
 from batchfill.testbed.service_proxy import ServiceProxy
 
-from .support import Kube, Operator, Sampler, real_node_lab, wait_for, write_sleep_model
+from .support import SCALE_OUT_ON_EVIDENCE, Kube, Operator, Sampler, real_node_lab, wait_for, write_sleep_model
 
 pytestmark = pytest.mark.cluster
 #: conftest.py builds the kubelet at collection time (outside the test's timeout) when this is selected.

@@ -35,7 +35,6 @@ from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
 from batchfill.api.reasons import (
-    SCALE_OUT_ON_EVIDENCE,
     ConditionReason,
     ConditionType,
     EventReason,
@@ -51,7 +50,16 @@ from batchfill.testbed.pod_tritons import PodTritons
 from batchfill.testbed.prometheus_local import LocalPrometheus, ScrapeTarget
 
 from .conftest import USE_EXISTING
-from .support import DenyPolicy, Kube, Operator, model_volume, rbac_denials, temp_namespace, until
+from .support import (
+    SCALE_OUT_ON_EVIDENCE,
+    DenyPolicy,
+    Kube,
+    Operator,
+    model_volume,
+    rbac_denials,
+    temp_namespace,
+    until,
+)
 
 pytestmark = [
     pytest.mark.cluster,

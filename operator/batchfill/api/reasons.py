@@ -88,12 +88,6 @@ class ScalingReason(StrEnum):
     HOLD_SCALE_IN_WOULD_SATURATE = "HoldScaleInWouldSaturate"
 
 
-#: The scale-out reasons that rest on evidence from the running replicas (rule 4 of ``policy.scaling``).
-SCALE_OUT_ON_EVIDENCE = frozenset(
-    {ScalingReason.SCALE_OUT_SATURATED, ScalingReason.SCALE_OUT_SLA_AT_RISK, ScalingReason.SCALE_OUT_LOW_HEADROOM}
-)
-
-
 class ReplanReason(StrEnum):
     """Whether the plan adopts the measured profile, and why (``policy.profile_fit.decide_replan``):
     ``status.plannedProfile.reason`` and the reason of the profiling Event."""

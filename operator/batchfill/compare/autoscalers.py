@@ -36,7 +36,15 @@ from enum import StrEnum
 
 from batchfill.api.spec import ScalingSpec
 from batchfill.api.status import PlanStatus
-from batchfill.policy.scaling import PlanNumbers, Recommendation, Replicas, Saturation, ScalingInput, decide
+from batchfill.policy.scaling import (
+    Decision,
+    PlanNumbers,
+    Recommendation,
+    Replicas,
+    Saturation,
+    ScalingInput,
+    decide,
+)
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.sim.fleet import Observation, ScaleDecision
 
@@ -76,10 +84,16 @@ class BatchfillAutoscaler:
     saturation: Saturation | None = None
 
     def decide(self, obs: Observation) -> ScaleDecision:
+        return self.step(obs, self.scaling, PlanNumbers.from_status(self.plan), decide)
+
+    def step(
+        self, obs: Observation, scaling: ScalingSpec, plan: PlanNumbers, decide_fn: Callable[[ScalingInput], Decision]
+    ) -> ScaleDecision:
+        """One tick of ``decide_fn`` (``decide`` or a variant of it) on ``obs`` with ``scaling`` and ``plan``,
+        carrying the history and saturation memory to the next tick."""
         signals = signals_from(obs, self.plan.maxBatchSize)
         replicas = Replicas(current=obs.current, ready=obs.ready, starting=obs.starting)
-        plan = PlanNumbers.from_status(self.plan)
-        d = decide(ScalingInput(obs.now_s, signals, plan, self.scaling, replicas, self.history, self.saturation))
+        d = decide_fn(ScalingInput(obs.now_s, signals, plan, scaling, replicas, self.history, self.saturation))
         self.history, self.saturation = d.history, d.saturation
         return ScaleDecision(d.desired_replicas, d.reason)
 

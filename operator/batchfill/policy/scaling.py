@@ -291,12 +291,8 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
         if batching
         else load is not None and cap_ok and load >= per_replica * max(ready, 1)
     )
-    # Too little headroom: the rate asks for more replicas than run and the batch fill says the Ready replicas
-    # are within the target's headroom of saturation. Samples beyond a batch's first grow with the load per
-    # replica (the same model as rule 7's scale-in check), so at 1/u times this load the fill reaches the
-    # saturation fill once (fill·B - 1) >= u·(fill_target·B - 1). Without it a fleet whose batches fill less than
-    # the plan predicts (smoother arrivals than Poisson) held at loads beyond C with no room for the next minute
-    # (benchmarks/policy.py, held-out day-single: 99.24 % within the SLA).
+    # too little headroom (rule 4): samples beyond a batch's first grow with the load per replica, as in rule 7,
+    # so at 1/u times this load the fill reaches the saturation fill once (fill·B - 1) >= u·(fill_target·B - 1)
     headroom_room = fill_target * plan.max_batch_size - 1
     low_headroom = (
         metrics_ok
