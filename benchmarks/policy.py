@@ -11,10 +11,9 @@ arrivals:
 * ``oracle``: not a policy anyone can run, the reference for the targets: it knows each minute's arrival rate
   :data:`ORACLE_LOOKAHEAD_S` ahead (a replica's start-up and one tick, the soonest a decision can add capacity) and
   holds ``ceil(max λ_m / C)`` replicas over that look-ahead, at C, with no headroom and no stabilization;
-* ``variability (prototype)``: today's ``decide`` with the target utilization raised on calm traffic, a direction
-  the operator does not ship yet: ``u' = min(max(u, exp(-z·s)), u_max)`` with ``s`` the root mean square of the
-  window rate's 60 s log changes over the last :data:`VARIABILITY_HORIZON_S` (``u`` until half of them are in),
-  and the saturation fill moved with ``u'`` by rule 7's model (samples beyond a batch's first grow with the load);
+* ``batchfill, fixed headroom``: this tree's ``decide`` with ``maxTargetUtilization = targetUtilization``, so the
+  target utilization is not raised on calm traffic (policy/headroom.py): what the headroom that follows the
+  traffic is worth;
 * ``present``: not a policy anyone can run either: it knows each minute's rate as the minute happens (a perfect
   measurement, no foresight) and holds ``ceil(λ_m / (h·C))``, with the largest ``h`` of :data:`PRESENT_HEADROOMS`
   that keeps ≥ 99.9 % within the SLA on that trace, chosen after the fact. Where it needs more than 1.10 x the
@@ -39,7 +38,7 @@ import subprocess
 import sys
 import time
 import types
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +49,7 @@ from batchfill.compare.autoscalers import BatchfillAutoscaler
 from batchfill.compare.report import SLO_EQUAL_TOLERANCE
 from batchfill.compare.run import Options, Setup, arrivals_per_minute, compare, prepare
 from batchfill.policy.plan import replicas_for
-from batchfill.policy.scaling import PlanNumbers, decide
+from batchfill.policy.scaling import PlanNumbers
 from batchfill.sim import traces
 from batchfill.sim.fleet import FleetConfig, FleetRun, Observation, ScaleDecision, minute_rates, simulate_fleet
 from fleet_cost import load_spec
@@ -65,10 +64,6 @@ MAX_LOWER_BOUND_RATIO = 1.10
 #: The fractions of C the ``present`` reference tries, largest first (module docstring).
 PRESENT_HEADROOMS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5)
 MIN_SLO = 0.999
-#: The variability prototype (module docstring): history, seconds; z; the highest target utilization.
-VARIABILITY_HORIZON_S = 1800.0
-VARIABILITY_Z = 1.0
-VARIABILITY_MAX_U = 0.95
 MIN_SAVING_VS_KEDA = 0.10
 
 
@@ -96,44 +91,10 @@ class BaselineAutoscaler(BatchfillAutoscaler):
         return self.step(obs, self.scaling, PlanNumbers.from_status(self.plan), self.module.decide)
 
 
-@dataclass
-class VariabilityAutoscaler(BatchfillAutoscaler):
-    """The variability prototype (module docstring). ``rates``: (tick time rounded to a second, window rate
-    req/s) of the last :data:`VARIABILITY_HORIZON_S` and a minute."""
-
-    rates: dict[int, float] = field(default_factory=dict)
-
-    def target_utilization(self, now_s: float, rate_rps: float) -> float:
-        """``u'`` at ``now_s`` after recording ``rate_rps``."""
-        now = round(now_s)
-        self.rates[now] = rate_rps
-        oldest = now - VARIABILITY_HORIZON_S - 60
-        self.rates = {t: r for t, r in self.rates.items() if t > oldest}
-        changes = [
-            math.log(r / self.rates[t - 60]) ** 2
-            for t, r in self.rates.items()
-            if t > now - VARIABILITY_HORIZON_S and r > 0 and self.rates.get(t - 60, 0) > 0
-        ]
-        u = self.scaling.targetUtilization
-        if len(changes) < VARIABILITY_HORIZON_S / Options().tick_s / 2:
-            return u
-        spread = math.sqrt(sum(changes) / len(changes))
-        return min(max(u, math.exp(-VARIABILITY_Z * spread)), max(u, VARIABILITY_MAX_U))
-
-    def decide(self, obs: Observation) -> ScaleDecision:
-        u0 = self.scaling.targetUtilization
-        u = self.target_utilization(obs.now_s, obs.request_rate_rps)
-        spec = self.scaling.model_copy(update={"targetUtilization": u})
-        plan = PlanNumbers.from_status(self.plan)
-        fill, size = plan.batch_fill_at_target, plan.max_batch_size
-        if fill is not None and size > 0:
-            plan = replace(plan, batch_fill_at_target=min(1.0, (1 + (fill * size - 1) * u / u0) / size))
-        return self.step(obs, spec, plan, decide)
-
-
-def variability_run(spec: BatchedModelSpec, st: Setup, trace: traces.Trace) -> FleetRun:
-    """The variability prototype on the fleet ``compare`` builds for ``batchfill``."""
-    auto = VariabilityAutoscaler(st.plan, spec.scaling, name="variability (prototype)")
+def fixed_headroom_run(spec: BatchedModelSpec, st: Setup, trace: traces.Trace) -> FleetRun:
+    """This tree's policy with the target utilization never raised, on the fleet ``compare`` builds."""
+    scaling = spec.scaling.model_copy(update={"maxTargetUtilization": spec.scaling.targetUtilization})
+    auto = BatchfillAutoscaler(st.plan, scaling, name="batchfill, fixed headroom")
     return simulate_fleet(trace, fleet_config(spec, st, trace), auto)
 
 
@@ -256,10 +217,10 @@ def run_set(spec: BatchedModelSpec, st: Setup, module: types.ModuleType, ts: lis
         ours, keda = c.runs
         old = baseline_run(spec, st, tr, module)
         oracle = oracle_run(spec, st, tr)
-        variability = variability_run(spec, st, tr)
+        fixed = fixed_headroom_run(spec, st, tr)
         present = present_run(spec, st, tr)
         bound = c.lower_bound_gpu_seconds
-        for run in (ours, old, variability, keda, oracle, present):
+        for run in (ours, fixed, old, keda, oracle, present):
             cells = verdicts(run, keda, bound) if run is not keda else ["", "", ""]
             lines.append(
                 f"| {tr.name} | {run.policy} | {run.gpu_hours:.2f} | {run.gpu_seconds / bound:.3f} "
@@ -304,10 +265,10 @@ def main() -> int:
         "stabilization. Where even it misses ≤ 1.10 x at ≥ 99.9 %, the target asks for more than knowing the next "
         "minute gives on that trace; a policy that cannot see ahead needs headroom the oracle does not.",
         "",
-        f"`variability (prototype)` is this tree's policy with the target utilization raised on calm traffic, which "
-        "the operator does not do yet: u' = min(max(u, exp(-z·s)), u_max), s the root mean square of the window "
-        f"rate's 60 s log changes over the last {VARIABILITY_HORIZON_S:g} s, z = {VARIABILITY_Z:g}, u_max = "
-        f"{VARIABILITY_MAX_U:g}, the saturation fill moved with u'.",
+        f"`batchfill` raises the target utilization on calm traffic up to maxTargetUtilization "
+        f"{s.maxTargetUtilization:g} (u' = min(max(u, exp(-s)), u_max), s the root mean square of the request rate's "
+        "60 s log changes over the last 30 min, policy/headroom.py); `batchfill, fixed headroom` is the same "
+        "policy with maxTargetUtilization = targetUtilization.",
         "",
         "`present at h C` is no policy either: it knows each minute's rate as the minute happens (a perfect "
         "measurement, no foresight) and holds `ceil(λ_m / (h·C))`, with the largest h of "

@@ -8,6 +8,7 @@ at most max(100 %, 4 pods) per 15 s and down to the highest recommendation of th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,7 +28,15 @@ from batchfill.compare.autoscalers import (
     request_rate_metric,
     signals_from,
 )
-from batchfill.policy.scaling import PlanNumbers, Recommendation, Replicas, Saturation, ScalingInput, decide
+from batchfill.policy.scaling import (
+    Decision,
+    PlanNumbers,
+    Recommendation,
+    Replicas,
+    Saturation,
+    ScalingInput,
+    decide,
+)
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.sim import traces
 from batchfill.sim.batcher import BatcherConfig
@@ -386,3 +395,26 @@ def test_gpu_utilization_scale_down_waits_out_the_stabilization_window() -> None
 )
 def test_gpu_utilization_tolerance_is_ten_percent_of_the_target(util: float, replicas: int) -> None:
     assert hpa(GPU80).decide(obs(current=10, gpu_utilization=util)).replicas == replicas
+
+
+def test_batchfill_reads_the_rate_variability_of_its_own_ticks() -> None:
+    """Ticks every 15 s at a constant rate: no estimate until 60 changes over 60 s exist (the 64th tick), then 0
+    (u' = maxTargetUtilization); an hour of ticks keeps only the horizon and the lag."""
+    auto = BatchfillAutoscaler(PLAN, SCALING)
+    got = [auto.rate_variability(obs(now_s=15.0 * k)) for k in range(1, 241)]
+    assert got[:63] == [None] * 63
+    assert got[63:] == [0.0] * (240 - 63)
+    assert len(auto.rates) == (1800 + 60) // 15
+    seen: list[ScalingInput] = []
+
+    def spy(inp: ScalingInput) -> Decision:
+        seen.append(inp)
+        return decide(inp)
+
+    auto.step(obs(now_s=15.0 * 241), SCALING, PlanNumbers.from_status(PLAN), spy)
+    assert seen[0].signals.rate_change_rms == 0.0
+    swinging = BatchfillAutoscaler(PLAN, SCALING)
+    for k in range(1, 241):
+        swinging.rate_variability(obs(now_s=15.0 * k, request_rate_rps=100.0 * (1.5 if (k // 4) % 2 else 1.0)))
+    noisy = swinging.rate_variability(obs(now_s=15.0 * 241, request_rate_rps=100.0))
+    assert noisy == pytest.approx(math.log(1.5))  # every 60 s change is 1.5 x up or down

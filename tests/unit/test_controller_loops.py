@@ -550,8 +550,8 @@ def test_scaling_ticks_steady_then_scale_out_then_capacity_on_the_way(kube: Fake
 
     loop.tick(T0)  # first decision: the scaling fields and the Ready pod (since the handler ran); the new reason
     assert writes(kube) == [
-        ("status", ["appliedReplicas", "conditions", "desiredReplicas", "lastScaleReason", "observed",
-                    "readyReplicas", "replicas", "scalingHistory"]),
+        ("status", ["appliedReplicas", "conditions", "desiredReplicas", "effectiveTargetUtilization",
+                    "lastScaleReason", "observed", "readyReplicas", "replicas", "scalingHistory"]),
         ("event", ScalingReason.HOLD_WITHIN_TOLERANCE),
     ]  # fmt: skip
     reads = [c for c in kube.calls if c[0] not in WRITES]
@@ -616,8 +616,8 @@ def test_a_status_write_that_loses_the_race_changes_nothing_and_the_next_tick_de
     kube.before_status_patch = handler_writes_status
     loop.tick(T0)
     assert writes(kube) == [
-        ("status", ["appliedReplicas", "conditions", "desiredReplicas", "lastScaleReason", "lastScaleTime",
-                    "observed", "readyReplicas", "replicas", "scalingHistory"]),
+        ("status", ["appliedReplicas", "conditions", "desiredReplicas", "effectiveTargetUtilization",
+                    "lastScaleReason", "lastScaleTime", "observed", "readyReplicas", "replicas", "scalingHistory"]),
     ], "a lost status write: no scale, no event"  # fmt: skip
     assert replicas(kube, "m") == 1
     assert loop.memory["uid-bm-m"] == before, "the decision's votes are not kept"
@@ -761,8 +761,10 @@ def test_a_new_models_handler_writes_its_first_ticks_fields_so_that_tick_writes_
     loop.tick(T0 + 15)
     status_writes = [c for c in kube.calls if c[0] == "patch_status"]
     assert [c[2] for c in status_writes] == ["without"], "the first tick of the model handled with it writes nothing"
-    assert sorted(status_writes[0][3]) == ["appliedReplicas", "conditions", "desiredReplicas", "lastScaleReason",
-                                           "scalingHistory"]  # fmt: skip
+    assert sorted(status_writes[0][3]) == [
+        "appliedReplicas", "conditions", "desiredReplicas", "effectiveTargetUtilization", "lastScaleReason",
+        "scalingHistory",
+    ]  # fmt: skip
     same = {"conditions": None, "scalingHistory": None}  # the vote's time: the handler's, or the tick's
     assert stored(kube, "with")["status"] | same == stored(kube, "without")["status"] | same
     assert [(v["replicas"], v["ready"]) for v in stored(kube, "with")["status"]["scalingHistory"]] == [(1, 0)]

@@ -29,6 +29,7 @@ from batchfill.adapters.metrics import (
     SignalTarget,
     aggregate,
     build_queries,
+    build_rate_change_queries,
     parse_vector,
     promql_duration,
 )
@@ -514,6 +515,8 @@ def test_fetch_ok_one_query_per_signal_at_one_instant(stub: Any) -> None:
     }
 
     def answer(query: str) -> Reply:
+        if query.startswith(("avg_over_time", "count_over_time")):  # the rate variability, per model
+            return 200, _vector({("ml", "", "m"): "0.0025" if query.startswith("avg") else "121"})
         metric = next(m for m in canned if m + "{" in query)
         return 200, _vector({key: canned[metric], ("ml", "other-pod", "m"): "NaN"})
 
@@ -529,8 +532,9 @@ def test_fetch_ok_one_query_per_signal_at_one_instant(stub: Any) -> None:
     assert s.p99_ms == pytest.approx(25.0)
     assert s.pending_requests == 1
     assert s.failure_rate_rps == pytest.approx(0.5)
+    assert s.rate_change_rms == pytest.approx(0.05)
     assert out[("ml", "empty")].reason == SignalsReason.NO_READY_PODS
-    assert len(seen) == 8
+    assert len(seen) == 10
     assert {p["time"][0] for p in seen} == {"1700000000.000"}
     assert {p["timeout"][0] for p in seen} == {"2s"}
 
@@ -570,9 +574,9 @@ def test_fetch_failures_are_told_apart(stub: Any, reply: tuple[int, bytes], reas
         out = prom.fetch([target({"p1"}, name="a"), target({"q1"}, name="b")])
     assert {s.reason for s in out.values()} == {reason}, out
     assert all(s.state is SignalState.UNKNOWN and s.request_rate_rps is None for s in out.values())
-    # the seven queries run concurrently (a failure cancels only those not sent yet); none is retried
+    # the ten queries run concurrently (a failure cancels only those not sent yet); none is retried
     sent = [q["query"][0] for q in seen]
-    assert 1 <= len(sent) <= 7
+    assert 1 <= len(sent) <= 10
     assert len(set(sent)) == len(sent), sent
 
 
@@ -594,7 +598,9 @@ def test_fetch_connection_refused() -> None:
     assert "Connection refused" in s.message
 
 
-@pytest.mark.parametrize("kwargs", [{"window_s": 0}, {"window_s": NAN}, {"timeout_s": 0}, {"timeout_s": INF}])
+@pytest.mark.parametrize(
+    "kwargs", [{"window_s": 0}, {"window_s": NAN}, {"timeout_s": 0}, {"timeout_s": INF}, {"variability_refresh_s": NAN}]
+)
 def test_signals_reject_bad_settings(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="positive"):
         PrometheusSignals("http://127.0.0.1:1", **kwargs)
@@ -649,3 +655,108 @@ def test_invalid_failure_increase_is_unknown(bad: float) -> None:
     s = one(target(), results({"p1": (60, 60, 60, 0)}, failures={"p1": bad}))
     assert (s.state, s.reason) == (SignalState.UNKNOWN, SignalsReason.INVALID_VALUE)
     assert "failures" in s.message
+
+
+# -- the rate variability (policy/headroom.py) ------------------------------------------------------------------
+MODEL_KEY = ("ml", "", "m")
+
+
+def with_variability(r: QueryResults, mean_square: float | None, count: float | None) -> QueryResults:
+    return QueryResults(
+        **{
+            **{f: getattr(r, f) for f in ("success", "inferences", "executions", "queue_us", "failures")},
+            "rate_change_ms": {} if mean_square is None else {MODEL_KEY: mean_square},
+            "rate_change_count": {} if count is None else {MODEL_KEY: count},
+        }
+    )
+
+
+TRAFFIC = results({"p1": (120.0, 480.0, 60.0, 240_000.0)})
+NO_TRAFFIC = results({"p1": (0.0, 0.0, 0.0, 0.0)})
+
+
+@pytest.mark.parametrize(
+    ("mean_square", "count", "expected"),
+    [
+        (0.0025, 120.0, 0.05),
+        (0.0, 60.0, 0.0),
+        (0.0025, 59.0, None),  # fewer than half the horizon's changes
+        (None, 120.0, None),
+        (0.0025, None, None),
+        (None, None, None),  # no positive rate at both ends of any change
+        (NAN, 120.0, None),
+        (INF, 120.0, None),
+        (-0.1, 120.0, None),
+        (0.0025, NAN, None),
+        (0.0025, INF, None),
+    ],
+)
+def test_rate_variability_cases(mean_square: float | None, count: float | None, expected: float | None) -> None:
+    s = one(target(), with_variability(TRAFFIC, mean_square, count))
+    assert s.state is SignalState.OK
+    assert s.rate_change_rms == (None if expected is None else pytest.approx(expected))
+    assert_json_safe(s)
+
+
+def test_rate_variability_is_per_model_and_namespace_and_kept_when_idle() -> None:
+    idle = one(target(), with_variability(NO_TRAFFIC, 0.01, 120.0))
+    assert (idle.state, idle.rate_change_rms) == (SignalState.IDLE, pytest.approx(0.1))
+    assert one(target(model="other"), with_variability(TRAFFIC, 0.01, 120.0)).rate_change_rms is None
+    assert one(target(ns="other"), with_variability(TRAFFIC, 0.01, 120.0)).rate_change_rms is None
+
+
+def test_rate_variability_query_sums_every_pod_of_the_model_per_series_increase() -> None:
+    q = build_rate_change_queries([target(), target(ns="b", model="n.1")])
+    total = (
+        'sum by (namespace, model) (increase(nv_inference_request_success{model=~"m|n\\\\.1",namespace=~"b|ml"}[60s]'
+    )
+    for name, fn in (("rate_change_ms", "avg_over_time"), ("rate_change_count", "count_over_time")):
+        assert q[name].startswith(f"{fn}((")
+        assert q[name].count(total) == 2
+        assert f"{total} offset 60s)) > 0)) ^ 2)[1800s:15s])" in q[name]
+        assert "pod" not in q[name]
+    with pytest.raises(ValueError, match="no targets"):
+        build_rate_change_queries([])
+
+
+def test_a_failing_variability_query_leaves_the_other_signals(stub: Any) -> None:
+    url, handlers, _ = stub
+
+    def answer(query: str) -> Reply:
+        if query.startswith(("avg_over_time", "count_over_time")):
+            return (
+                422,
+                b'{"status":"error","errorType":"execution","error":"query processing would load too many samples"}',
+            )
+        return 200, _vector({("ml", "p1", "m"): "120"})
+
+    handlers.append(answer)
+    with PrometheusSignals(url, window_s=60, timeout_s=2) as prom:
+        s = prom.fetch([target()])[("ml", "bm")]
+    assert s.state is SignalState.OK, s.message
+    assert s.request_rate_rps == pytest.approx(2.0)
+    assert s.rate_change_rms is None
+
+
+def test_the_variability_is_reused_for_its_refresh_interval_and_retried_after_a_failure(stub: Any) -> None:
+    url, handlers, seen = stub
+    fail = {"variability": False}
+
+    def answer(query: str) -> Reply:
+        if query.startswith(("avg_over_time", "count_over_time")):
+            if fail["variability"]:
+                return 503, b""
+            return 200, _vector({MODEL_KEY: "0.0025" if query.startswith("avg") else "120"})
+        return 200, _vector({("ml", "p1", "m"): "120"})
+
+    handlers.append(answer)
+    t0 = 1_700_000_000.0
+    with PrometheusSignals(url, window_s=60, timeout_s=2, variability_refresh_s=60) as prom:
+        counts = []
+        for at, failing in ((t0, False), (t0 + 15, False), (t0 + 59, True), (t0 + 60, True), (t0 + 75, False)):
+            fail["variability"] = failing
+            before = len(seen)
+            s = prom.fetch([target()], at=at)[("ml", "bm")]
+            counts.append((len(seen) - before, s.rate_change_rms))
+    assert counts == [(10, pytest.approx(0.05)), (8, pytest.approx(0.05)), (8, pytest.approx(0.05)), (10, None),
+                      (10, pytest.approx(0.05))]  # fmt: skip

@@ -279,7 +279,7 @@ def test_a_shared_models_observed_signals_come_from_its_copies_and_unknown_remov
     ms[1][0]["status"]["observed"] = {"requestRate": 9.0}  # stale, from before it was shared
     a, b, auto = member_writes(ms, plan, pods, now=T0, signals={"bm-a": ok, "bm-auto": ok})
     assert a.status["observed"] == {"requestRate": 4.2, "avgBatchSize": 1.5, "batchFill": 0.188,
-                                    "queueTimeMs": 0.7, "p99Ms": 41.0}  # fmt: skip
+                                    "queueTimeMs": 0.7, "p99Ms": 41.0, "rateVariability": None}  # fmt: skip
     assert b.status["observed"] is None  # no signals for it this tick: removed, not left stale
     assert "observed" not in auto.status  # dedicated: its own scaling loop writes it
     unknown = ModelSignals(SignalState.UNKNOWN, reason="PrometheusUnavailable")

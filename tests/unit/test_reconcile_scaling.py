@@ -44,13 +44,16 @@ def test_pod_counts_ready_starting_pending_and_terminating() -> None:
 
 def test_observed_status_is_rounded_and_empty_when_unknown() -> None:
     ok = ModelSignals(state=SignalState.OK, pods=2, request_rate_rps=123.456, inference_rate_rps=123.456,
-                      avg_batch_size=3.14159, batch_fill=0.392699, queue_time_ms=1.23456, p99_ms=None)  # fmt: skip
+                      avg_batch_size=3.14159, batch_fill=0.392699, queue_time_ms=1.23456, p99_ms=None,
+                      rate_change_rms=0.0412345)  # fmt: skip
     assert observed_status(ok) == {
-        "requestRate": 123.0, "avgBatchSize": 3.14, "batchFill": 0.393, "queueTimeMs": 1.23, "p99Ms": None
+        "requestRate": 123.0, "avgBatchSize": 3.14, "batchFill": 0.393, "queueTimeMs": 1.23, "p99Ms": None,
+        "rateVariability": 0.0412,
     }  # fmt: skip
     idle = ModelSignals(state=SignalState.IDLE, pods=1, request_rate_rps=0.0, inference_rate_rps=0.0)
     assert observed_status(idle) == {
-        "requestRate": 0.0, "avgBatchSize": None, "batchFill": None, "queueTimeMs": None, "p99Ms": None
+        "requestRate": 0.0, "avgBatchSize": None, "batchFill": None, "queueTimeMs": None, "p99Ms": None,
+        "rateVariability": None,
     }  # fmt: skip
     assert observed_status(ModelSignals.unknown(SignalsReason.PROMETHEUS_UNAVAILABLE, "down")) is None
     json.dumps(observed_status(ok), allow_nan=False)

@@ -371,6 +371,7 @@ def inputs(draw: st.DrawFn) -> ScalingInput:
             queue_time_ms=draw(maybe),
             p99_ms=draw(maybe),
             pending_requests=draw(maybe),
+            rate_change_rms=draw(maybe),
         )
     )
     plan = PlanNumbers(draw(weird), draw(st.integers(0, 64)), draw(st.integers(0, 10**7)), draw(weird))
@@ -379,6 +380,7 @@ def inputs(draw: st.DrawFn) -> ScalingInput:
         minReplicas=lo,
         maxReplicas=draw(st.integers(max(lo, 1), 40)),
         targetUtilization=draw(st.floats(0.01, 1)),
+        maxTargetUtilization=draw(st.floats(0.01, 1)),
         scaleDownStabilizationSeconds=draw(st.integers(0, 900)),
         mode=draw(st.sampled_from(ScalingMode)),
     )
@@ -412,6 +414,11 @@ def test_property_bounds_unknown_determinism(inp: ScalingInput) -> None:
     assert "nan" not in d.message.lower()
     assert "inf " not in d.message.lower()
     assert d.recommendation is None or 0 <= d.recommendation <= 1_000_000
+    u = d.target_utilization
+    assert u is not None
+    assert s.targetUtilization <= u <= max(s.targetUtilization, s.maxTargetUtilization)
+    if inp.signals.state == SignalState.UNKNOWN or inp.signals.rate_change_rms is None:
+        assert u == s.targetUtilization
 
 
 def test_plan_numbers_from_status() -> None:
@@ -609,3 +616,42 @@ def test_property_low_headroom_needs_the_rate_and_the_fill_and_steps_once(
         assert current < d.desired_replicas <= min(d.recommendation, 2 * current)
         after = run(signals, d.recommendation, plan=plan, targetUtilization=u, maxReplicas=64)
         assert after.reason != R.SCALE_OUT_LOW_HEADROOM
+
+
+# -- the target utilization in effect (policy/headroom.py) ------------------------------------------------------
+CALM, NOISY = 0.02, 0.5  # rate variability: 2 % and 50 % per minute
+
+
+def test_calm_traffic_runs_nearer_capacity_noisy_traffic_keeps_the_user_s_headroom() -> None:
+    """90 rps on 3 replicas: at u = 0.8 it needs 2.25 (3 replicas); on calm traffic u' = 0.95 and it needs 1.89."""
+    noisy = run(ok(90.0, fill=LIGHT, rate_change_rms=NOISY), 3)
+    assert (noisy.desired_replicas, noisy.reason, noisy.target_utilization) == (3, R.HOLD_WITHIN_TOLERANCE, 0.8)
+    calm = run(ok(90.0, fill=LIGHT, rate_change_rms=CALM), 3)
+    assert (calm.desired_replicas, calm.reason, calm.target_utilization) == (2, R.SCALE_IN_LOAD_FITS, 0.95)
+    assert "target 95%, raised from 80%: the rate moves 2.0%/min" in calm.message
+    unknown = run(ok(90.0, fill=LIGHT), 3)
+    assert (unknown.desired_replicas, unknown.target_utilization) == (3, 0.8)
+
+
+def test_a_fixed_headroom_when_max_target_utilization_is_not_above_target_utilization() -> None:
+    fixed = run(ok(90.0, fill=LIGHT, rate_change_rms=CALM), 3, maxTargetUtilization=0.8)
+    assert (fixed.desired_replicas, fixed.target_utilization) == (3, 0.8)
+    lower = run(ok(90.0, fill=LIGHT, rate_change_rms=CALM), 3, maxTargetUtilization=0.5)
+    assert lower.target_utilization == 0.8
+
+
+def test_the_saturation_fill_moves_with_the_raised_target() -> None:
+    """The plan predicts fill 0.3 at 0.8·C; a replica meant to carry 0.95·C fills (1 + 1.4·0.95/0.8)/8 = 0.333
+    (rule 7's model), so a fill of 0.31 is saturated on noisy traffic and not on calm traffic."""
+    plan = PlanNumbers(capacity_rps=50.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0,
+                       batch_fill_at_target=0.3)  # fmt: skip
+    noisy = run(ok(50.0, fill=0.31, rate_change_rms=NOISY), 1, plan=plan)
+    assert (noisy.saturated, noisy.desired_replicas, noisy.reason) == (True, 2, R.SCALE_OUT_SATURATED)
+    calm = run(ok(50.0, fill=0.31, rate_change_rms=CALM), 1, plan=plan)
+    assert (calm.saturated, calm.desired_replicas, calm.reason) == (False, 1, R.HOLD_WITHIN_TOLERANCE)
+    assert run(ok(50.0, fill=0.34, rate_change_rms=CALM), 1, plan=plan).reason == R.SCALE_OUT_SATURATED
+
+
+def test_unknown_signals_never_raise_the_target() -> None:
+    d = run(ModelSignals.unknown(SignalsReason.NO_SERIES, "not scraped"), 3)
+    assert (d.reason, d.target_utilization) == (R.HOLD_METRICS_UNKNOWN, 0.8)

@@ -32,8 +32,9 @@ _LABELS = ("namespace", "name")
 DESIRED = Gauge("batchfill_desired_replicas", "Replicas the scaling decision wants.", _LABELS, registry=REGISTRY)
 RECOMMENDED = Gauge(
     "batchfill_recommended_replicas",
-    "Load-proportional replicas ceil(load / (targetUtilization x capacity at SLA)), load and capacity in req/s, "
-    "before bounds, tolerance and stabilization; in every scaling.mode (absent while the load is not measurable).",
+    "Load-proportional replicas ceil(load / (the targetUtilization in effect x capacity at SLA)), load and capacity "
+    "in req/s, before bounds, tolerance and stabilization; in every scaling.mode (absent while the load is not "
+    "measurable).",
     _LABELS, registry=REGISTRY,
 )  # fmt: skip
 REPLICAS = Gauge("batchfill_replicas", "Triton replicas of the Deployment (spec).", _LABELS, registry=REGISTRY)

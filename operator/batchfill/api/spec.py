@@ -446,6 +446,10 @@ MIN_REPLICAS_ZERO = (
 )
 
 
+#: spec.scaling.maxTargetUtilization's default (policy/headroom.py; docs/design-notes.md, Autoscaling).
+DEFAULT_MAX_TARGET_UTILIZATION = 0.95
+
+
 class ScalingSpec(_Model):
     """Load-proportional scaling bounds."""
 
@@ -471,7 +475,16 @@ class ScalingSpec(_Model):
         default=0.85,
         gt=0,
         le=1,
-        description="Fraction of a replica's capacity at SLA it may carry before another is added.",
+        description="Fraction of a replica's capacity at SLA it may carry before another is added, on noisy "
+        "traffic: the headroom for the next minute's rise.",
+    )
+    maxTargetUtilization: float = Field(
+        default=DEFAULT_MAX_TARGET_UTILIZATION,
+        gt=0,
+        le=1,
+        description="On calm traffic the operator raises targetUtilization up to this fraction, by how much the "
+        "request rate has moved per minute over the last 30 min (status.effectiveTargetUtilization); never below "
+        "targetUtilization. At or below targetUtilization the headroom is fixed.",
     )
     scaleDownStabilizationSeconds: int = Field(
         default=300,

@@ -81,6 +81,12 @@ class ObservedStatus(_Status):
     batchFill: float | None = Field(default=None, ge=0, description="avgBatchSize / maxBatchSize.")
     queueTimeMs: float | None = Field(default=None, ge=0, description="Average queue time per request.")
     p99Ms: float | None = Field(default=None, ge=0, description="Server-side p99 request latency.")
+    rateVariability: float | None = Field(
+        default=None,
+        ge=0,
+        description="Root mean square of the request rate's natural-log changes over 60 s in the last 30 min "
+        "(0.05: about 5 % per minute); absent until 15 min of changes are known.",
+    )
 
 
 class MeasuredPoint(_Status):
@@ -191,6 +197,13 @@ class BatchedModelStatus(_Status):
     )
     lastScaleTime: str | None = None
     lastScaleReason: str | None = None
+    effectiveTargetUtilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The targetUtilization in effect: spec.scaling.targetUtilization, raised on calm traffic (a "
+        "low observed.rateVariability) up to spec.scaling.maxTargetUtilization.",
+    )
     observed: ObservedStatus | None = None
     measuredProfile: MeasuredProfileStatus | None = None
     plannedProfile: PlannedProfileStatus | None = None

@@ -1,7 +1,10 @@
 """Autoscalers for the fleet simulator: batchfill's own policy and the baselines it is measured against.
 
 * :class:`BatchfillAutoscaler` calls :func:`batchfill.policy.scaling.decide`, the code the operator runs, with
-  signals built from the simulated window exactly as the operator's Prometheus adapter builds them.
+  signals built from the simulated window exactly as the operator's Prometheus adapter builds them; the rate
+  variability (policy/headroom.py) from the window rates of its past ticks, which stand for the model's rate
+  over the 60 s before each (the simulated window is 60 s, Options.window_s, and the rates of replicas removed
+  within it are not kept: a small difference from the operator's Prometheus subquery).
 * :class:`HorizontalPodAutoscaler` follows the documented algorithm of the Kubernetes HPA (autoscaling/v2,
   kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/ and pkg/controller/podautoscaler's
   replica calculator): ``desired = ceil(current · metric / target)``; a ratio within 10 % keeps the count;
@@ -36,6 +39,7 @@ from enum import StrEnum
 
 from batchfill.api.spec import ScalingSpec
 from batchfill.api.status import PlanStatus
+from batchfill.policy import headroom
 from batchfill.policy.scaling import (
     Decision,
     PlanNumbers,
@@ -82,6 +86,8 @@ class BatchfillAutoscaler:
     name: str = "batchfill"
     history: tuple[Recommendation, ...] = ()
     saturation: Saturation | None = None
+    #: ``{tick time, whole seconds: window rate, req/s}`` of the rate variability's horizon and lag
+    rates: dict[int, float] = field(default_factory=dict)
 
     def decide(self, obs: Observation) -> ScaleDecision:
         return self.step(obs, self.scaling, PlanNumbers.from_status(self.plan), decide)
@@ -91,16 +97,27 @@ class BatchfillAutoscaler:
     ) -> ScaleDecision:
         """One tick of ``decide_fn`` (``decide`` or a variant of it) on ``obs`` with ``scaling`` and ``plan``,
         carrying the history and saturation memory to the next tick."""
-        signals = signals_from(obs, self.plan.maxBatchSize)
+        signals = signals_from(obs, self.plan.maxBatchSize, self.rate_variability(obs))
         replicas = Replicas(current=obs.current, ready=obs.ready, starting=obs.starting)
         d = decide_fn(ScalingInput(obs.now_s, signals, plan, scaling, replicas, self.history, self.saturation))
         self.history, self.saturation = d.history, d.saturation
         return ScaleDecision(d.desired_replicas, d.reason)
 
+    def rate_variability(self, obs: Observation) -> float | None:
+        """Records ``obs``'s window rate and returns the rate variability at ``obs.now_s``
+        (:func:`~batchfill.policy.headroom.rate_change_rms`); keeps only the rates it can still use."""
+        now = round(obs.now_s)
+        self.rates[now] = obs.request_rate_rps
+        oldest = now - headroom.RATE_CHANGE_HORIZON_S - headroom.RATE_CHANGE_LAG_S
+        if min(self.rates) <= oldest:
+            self.rates = {t: r for t, r in self.rates.items() if t > oldest}
+        return headroom.rate_change_rms(self.rates, now)[0]
 
-def signals_from(obs: Observation, max_batch_size: int) -> ModelSignals:
+
+def signals_from(obs: Observation, max_batch_size: int, rate_change_rms: float | None = None) -> ModelSignals:
     """The operator's :class:`ModelSignals` for one observation: Ok with traffic, Idle without (the simulated
-    series always exist, so never Unknown). One sample per request, so the inference rate is the request rate."""
+    series always exist, so never Unknown). One sample per request, so the inference rate is the request rate.
+    ``rate_change_rms``: the rate variability (:meth:`BatchfillAutoscaler.rate_variability`)."""
     if obs.completed == 0:
         return ModelSignals(
             state=SignalState.IDLE,
@@ -109,6 +126,7 @@ def signals_from(obs: Observation, max_batch_size: int) -> ModelSignals:
             request_rate_rps=0.0,
             inference_rate_rps=0.0,
             pending_requests=float(obs.pending_requests),
+            rate_change_rms=rate_change_rms,
         )
     fill = None
     if obs.avg_batch_size is not None and max_batch_size > 0:
@@ -124,6 +142,7 @@ def signals_from(obs: Observation, max_batch_size: int) -> ModelSignals:
         queue_time_ms=obs.queue_time_ms,
         p99_ms=obs.p99_ms,
         pending_requests=float(obs.pending_requests),
+        rate_change_rms=rate_change_rms,
     )
 
 

@@ -300,6 +300,7 @@ def decide_scale(inputs: ScaleInputs, memory: ScalingMemory, *, now: float, inte
     if decision.apply or restored is not None:
         wanted["lastScaleTime"] = cond.rfc3339(now)
     wanted["observed"] = observed_status(signals)
+    wanted["effectiveTargetUtilization"] = round(decision.target_utilization or spec.scaling.targetUtilization, 2)
     store = history_to_store(votes, compact_history(decision.history, now, horizon))
     if store is not None:
         wanted["scalingHistory"] = [

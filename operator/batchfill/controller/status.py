@@ -356,6 +356,7 @@ def observed_status(signals: ModelSignals) -> dict[str, float | None] | None:
         "batchFill": _rounded(signals.batch_fill),
         "queueTimeMs": _rounded(signals.queue_time_ms),
         "p99Ms": _rounded(signals.p99_ms),
+        "rateVariability": _rounded(signals.rate_change_rms),
     }
 
 

@@ -7,7 +7,9 @@ are ordered against (the history's storage and the saturation memory live in :mo
 
 Notation: load ``λ`` in samples/s (``max(request rate, inference rate)``: Triton's batcher fills
 ``max_batch_size`` in samples, and the plan's capacity was simulated with one sample per request), capacity at
-SLA per replica ``C``, target utilization ``u``, server budget ``T`` (ms), queue delay ``D`` (ms).
+SLA per replica ``C``, target utilization ``u`` (the one in effect: ``spec.scaling.targetUtilization`` raised on
+calm traffic, policy/headroom.py, with the plan's saturation fill moved to it), server budget ``T`` (ms), queue
+delay ``D`` (ms).
 
 Rules, the first that applies decides:
 
@@ -82,6 +84,7 @@ from dataclasses import dataclass, replace
 from batchfill.api.reasons import ScalingReason
 from batchfill.api.spec import ScalingMode, ScalingSpec
 from batchfill.api.status import PlanStatus
+from batchfill.policy.headroom import effective_target_utilization, fill_at_utilization
 from batchfill.policy.scaling_history import FAST_SCALE_IN_S as FAST_SCALE_IN_S
 from batchfill.policy.scaling_history import Recommendation as Recommendation
 from batchfill.policy.scaling_history import Saturation as Saturation
@@ -210,6 +213,7 @@ class Decision:
         failure_rate_rps, failure_fraction: failed requests per second and their share of all requests.
         capacity_limited: the load wants more than can run (maxReplicas reached, or pods unschedulable).
         pending_replicas, pending_reason: unschedulable replicas and the scheduler's reason, for a condition.
+        target_utilization: ``u'``, the targetUtilization in effect (policy/headroom.py).
     """
 
     desired_replicas: int
@@ -230,6 +234,7 @@ class Decision:
     capacity_limited: bool = False
     pending_replicas: int = 0
     pending_reason: str = ""
+    target_utilization: float | None = None
 
     @property
     def changes_replicas(self) -> bool:
@@ -253,7 +258,10 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
     failing = min(max(rep.failing, 0), max(current - ready, 0))
     usable = current - failing  # Ready, or on the way
     window_s = float(spec.scaleDownStabilizationSeconds)
-    u, cap = spec.targetUtilization, plan.capacity_rps
+    # calm traffic runs nearer capacity (policy/headroom.py); unknown signals keep the user's headroom
+    variability = sig.rate_change_rms if sig.state != SignalState.UNKNOWN else None
+    u = effective_target_utilization(spec.targetUtilization, spec.maxTargetUtilization, variability)
+    cap = plan.capacity_rps
     budget = plan.server_budget_ms if math.isfinite(plan.server_budget_ms) and plan.server_budget_ms > 0 else None
     delay_ms = max(plan.max_queue_delay_us, 0) / 1000.0
 
@@ -286,6 +294,8 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
     fill_target = plan.batch_fill_at_target
     if fill_target is None or not (math.isfinite(fill_target) and 0 < fill_target <= 1):
         fill_target = u
+    elif u != spec.targetUtilization:  # the plan simulated u·C; a replica meant to carry u'·C fills more
+        fill_target = fill_at_utilization(fill_target, plan.max_batch_size, spec.targetUtilization, u)
     saturated = metrics_ok and (
         fill is not None and fill >= fill_target
         if batching
@@ -364,9 +374,14 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
     if memory is not None and load and memory.load_per_replica_rps > 0:
         accept = max(accept, above(load / ((1 - TOLERANCE) * memory.load_per_replica_rps)))
     accept = min(accept, current)
+    raised = (
+        f", raised from {spec.targetUtilization:.0%}: the rate moves {variability:.1%}/min"
+        if u != spec.targetUtilization and variability is not None
+        else ""
+    )
     facts = (
         f"load {_fmt(load, ' rps')} on {ready} Ready of {current} replicas at {_fmt(cap if cap_ok else None, ' rps')}"
-        f" each (target {u:.0%}: needs {needed:.2f}); fill {_fmt(fill)}, avg batch {_fmt(sig.avg_batch_size)},"
+        f" each (target {u:.0%}{raised}: needs {needed:.2f}); fill {_fmt(fill)}, avg batch {_fmt(sig.avg_batch_size)},"
         f" queue {_fmt(queue, ' ms')} (delay {delay_ms:.3g} ms), p99 {_fmt(p99, ' ms')} vs T {_fmt(budget, ' ms')}"
         + (f"; backlog {backlog:.0f} requests, ~{_fmt(backlog_wait_ms, ' ms')} to serve" if backlog_risk else "")
         + (f"; {sig.failure_rate_rps:.3g} failed req/s ({failure_fraction:.0%})" if failure_fraction else "")
@@ -399,6 +414,7 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
             capacity_limited=limited or pending > 0,
             pending_replicas=pending,
             pending_reason=rep.pending_reason if pending else "",
+            target_utilization=u,
         )
 
     def auto() -> Decision:  # noqa: C901 (the ordered decision table)

@@ -52,6 +52,10 @@ class ModelSignals:
         pending_requests: requests waiting in Triton's queues now (Σ nv_inference_pending_request_count).
         failure_rate_rps: failed requests per second, all pods (Σ rate(nv_inference_request_failure): rejected
             inputs, backend errors, cancellations); None when no counted pod has the counter.
+        rate_change_rms: the rate variability (policy/headroom.py): root mean square of the natural-log changes
+            of the model's request rate (every pod it had) over 60 s, over the last 30 min; dimensionless (0.1:
+            about 10 % per minute); None when too few changes are known. It widens nothing: unknown keeps the
+            user's targetUtilization.
     """
 
     state: SignalState
@@ -67,6 +71,7 @@ class ModelSignals:
     p99_ms: float | None = None
     pending_requests: float | None = None
     failure_rate_rps: float | None = None
+    rate_change_rms: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -79,6 +84,7 @@ class ModelSignals:
             "p99_ms",
             "pending_requests",
             "failure_rate_rps",
+            "rate_change_rms",
         ):
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value < 0):
