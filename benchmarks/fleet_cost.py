@@ -135,7 +135,8 @@ def note(key: str, c: Comparison, busy_at_capacity: float) -> str:
         return (
             f"batchfill holds {ours.gpu_hours:.1f} GPU-hours, {ours.gpu_seconds / c.lower_bound_gpu_seconds:.3f} x "
             "the whole-replica lower bound: replicas follow the day up when their batches fill to the plan's "
-            "fill at u·C (or, while the rate asks for more, to within the target's headroom of it) and down "
+            "fill at u·C (u raised on this calm day's traffic, policy/headroom.py; or, while the rate asks for "
+            "more, to within the target's headroom of it) and down "
             "after the 300 s stabilization window (votes older than "
             f"{FAST_SCALE_IN_S:.0f} s count "
             "at full capacity, so the last minutes keep the target's headroom and older peaks only what their load "

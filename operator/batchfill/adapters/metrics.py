@@ -99,7 +99,7 @@ import math
 import re
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -549,6 +549,7 @@ class PrometheusSignals:
                 return classify_error(e, self.url)
         if fresh and cached is not None:
             return QueryResults(**parsed, **cached[1])
+        wait([pending[name] for name in RATE_CHANGE_SIGNALS])  # both answered, whatever the first one says
         try:
             optional = {name: parse_vector(pending[name].result()) for name in RATE_CHANGE_SIGNALS}
         except Exception:  # the variability stays unknown (module docstring); the other signals stand
