@@ -251,6 +251,9 @@ def test_auto_scales_out_on_saturation_holds_without_metrics_and_scales_in(lab: 
     )
     assert status["lastScaleReason"] in SCALE_OUT_ON_EVIDENCE, status
     assert status.get("lastScaleTime")
+    # under 15 min of rate history the variability is unknown (policy/headroom.py): targetUtilization holds
+    assert status["effectiveTargetUtilization"] == 0.8, status
+    assert "rateVariability" not in status.get("observed", {}), status
     events = lab.kube.core.list_namespaced_event(lab.ns, field_selector="involvedObject.name=auto").items
     assert any(e.reason == status["lastScaleReason"] and "1 -> 2" in e.message for e in events), [
         (e.reason, e.message) for e in events
