@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchfill.adapters.metrics import COUNTERS, PrometheusSignals, SignalTarget, TargetKey
+from batchfill.adapters.metrics import PrometheusSignals, SignalTarget, TargetKey
 from batchfill.api.spec import DEFAULT_MAX_TARGET_UTILIZATION
 from batchfill.policy.headroom import (
     RATE_CHANGE_LAG_S,
@@ -44,6 +44,7 @@ from batchfill.policy.headroom import (
 )
 from batchfill.policy.signals import ModelSignals, SignalState
 from batchfill.testbed.prometheus_local import DEFAULT_BINARY, PROMTOOL, LocalPrometheus
+from batchfill.testbed.triton_history import counter_samples, openmetrics
 
 pytestmark = [
     pytest.mark.component,
@@ -105,14 +106,7 @@ def _history(seed: int = 7) -> History:
                 if model == "churn" and pod == "churn-a" and t == now - 600:
                     counters[pod] = 0.0  # the container restarted: Triton's counters start over
                 counters[pod] = counters.get(pod, 0.0) + served / len(pods)
-                labels = f'model="{model}",namespace="{NS}",pod="{pod}"'
-                success = counters[pod]
-                for name, metric in COUNTERS.items():
-                    value = {"success": success, "inferences": success, "executions": success / 4}.get(
-                        name,
-                        success * 2000.0,  # queue_us: 2 ms per request
-                    )
-                    lines.append(f"{metric}{{{labels}}} {value:.3f} {t}")
+                lines += counter_samples(NS, pod, model, t, counters[pod])
     expected: dict[str, float | None] = {}
     for model, total in totals.items():
         window_rates = {
@@ -121,8 +115,7 @@ def _history(seed: int = 7) -> History:
             if t - RATE_CHANGE_LAG_S in total
         }
         expected[model] = rate_change_rms(window_rates, now)[0]
-    lines.sort(key=lambda line: (line.rsplit(" ", 2)[0], int(line.rsplit(" ", 1)[1])))
-    return History("\n".join(lines) + "\n# EOF\n", now, expected)
+    return History(openmetrics(lines), now, expected)
 
 
 @dataclass(frozen=True)

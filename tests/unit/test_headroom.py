@@ -104,3 +104,28 @@ def test_fill_at_utilization() -> None:
     assert fill_at_utilization(0.9, 8, 0.5, 1.0) == 1.0  # clipped
     assert fill_at_utilization(0.3, 0, 0.8, 0.95) == 0.3  # no batching
     assert fill_at_utilization(0.3, 8, 0.0, 0.95) == 0.3
+    # a fill below one sample a batch (no plan makes one) moves to one sample, never to 0 (a divisor in decide)
+    assert fill_at_utilization(0.25, 2, 0.5, 1.0) == 0.5
+
+
+def test_fill_between_two_simulated_points_is_their_chord() -> None:
+    """tests/cluster/test_calm_headroom.py's plan: 0.175 at 0.8·C and 0.221 at 0.95·C, B 16. The proportional model
+    alone gives (1 + 1.8·0.95/0.8)/16 = 0.196 at 0.95, which a real replica reached at 0.89·C."""
+    upper = (0.95, 0.221)
+    assert fill_at_utilization(0.175, 16, 0.8, 0.95) == pytest.approx(0.196, abs=5e-4)
+    assert fill_at_utilization(0.175, 16, 0.8, 0.95, upper=upper) == pytest.approx(0.221)
+    assert fill_at_utilization(0.175, 16, 0.8, 0.875, upper=upper) == pytest.approx(0.198)
+    assert fill_at_utilization(0.175, 16, 0.8, 0.8, upper=upper) == pytest.approx(0.175)
+    # beyond the upper point: the proportional model from it (samples beyond the first: 2.536 at 0.95)
+    assert fill_at_utilization(0.175, 16, 0.8, 1.0, upper=upper) == pytest.approx((1 + 2.536 * 1.0 / 0.95) / 16)
+    # below the lower point: from the lower one, as without the upper point
+    assert fill_at_utilization(0.175, 16, 0.8, 0.6, upper=upper) == fill_at_utilization(0.175, 16, 0.8, 0.6)
+
+
+@pytest.mark.parametrize(
+    "upper",
+    [(0.8, 0.3), (0.7, 0.3), (0.95, math.nan), (0.95, math.inf), (0.95, 0.1), (0.95, 1.5)],
+    ids=["same-utilization", "lower-utilization", "nan", "inf", "fill-below-the-lower-point", "fill-above-1"],
+)
+def test_an_upper_point_that_cannot_be_a_higher_fill_is_ignored(upper: tuple[float, float]) -> None:
+    assert fill_at_utilization(0.175, 16, 0.8, 0.9, upper=upper) == fill_at_utilization(0.175, 16, 0.8, 0.9)

@@ -206,6 +206,22 @@ def test_batch_fill_at_target_is_what_the_simulator_predicts_and_grows_with_the_
     assert 0 < fills[0] < status.batchFillAtTarget < fills[1] <= 1
     off = plan(with_spec(SEED_DOC, batching={"maxBatchSize": 0})).to_status()
     assert off.batchFillAtTarget is None
+    assert off.batchFillAtMaxTarget is None
+
+
+def test_batch_fill_at_max_target_is_the_fill_at_that_target() -> None:
+    """status.plan.batchFillAtMaxTarget is the fill the simulator gives at maxTargetUtilization (default 0.95) x
+    C: what the plan gives as batchFillAtTarget when that is the targetUtilization; absent when not above it."""
+    status = plan(SEED_DOC).to_status()
+    at_95 = plan(with_spec(SEED_DOC, scaling={"targetUtilization": 0.95})).to_status()
+    assert status.capacityPerReplicaRps == at_95.capacityPerReplicaRps
+    assert status.batchFillAtMaxTarget == at_95.batchFillAtTarget
+    assert status.batchFillAtTarget is not None
+    assert status.batchFillAtMaxTarget is not None
+    assert status.batchFillAtMaxTarget > status.batchFillAtTarget
+    assert at_95.batchFillAtMaxTarget is None  # maxTargetUtilization 0.95 is not above 0.95
+    fixed = plan(with_spec(SEED_DOC, scaling={"maxTargetUtilization": 0.85})).to_status()
+    assert (fixed.batchFillAtTarget, fixed.batchFillAtMaxTarget) == (status.batchFillAtTarget, None)
 
 
 @pytest.mark.parametrize(

@@ -374,7 +374,14 @@ def inputs(draw: st.DrawFn) -> ScalingInput:
             rate_change_rms=draw(maybe),
         )
     )
-    plan = PlanNumbers(draw(weird), draw(st.integers(0, 64)), draw(st.integers(0, 10**7)), draw(weird))
+    plan = PlanNumbers(
+        draw(weird),
+        draw(st.integers(0, 64)),
+        draw(st.integers(0, 10**7)),
+        draw(weird),
+        batch_fill_at_target=draw(st.none() | weird),
+        batch_fill_at_max_target=draw(st.none() | weird),
+    )
     lo = draw(st.integers(0, 20))
     spec = ScalingSpec(
         minReplicas=lo,
@@ -650,6 +657,18 @@ def test_the_saturation_fill_moves_with_the_raised_target() -> None:
     calm = run(ok(50.0, fill=0.31, rate_change_rms=CALM), 1, plan=plan)
     assert (calm.saturated, calm.desired_replicas, calm.reason) == (False, 1, R.HOLD_WITHIN_TOLERANCE)
     assert run(ok(50.0, fill=0.34, rate_change_rms=CALM), 1, plan=plan).reason == R.SCALE_OUT_SATURATED
+
+
+def test_the_saturation_fill_at_a_raised_target_comes_from_the_plans_two_simulated_points() -> None:
+    """With the plan's fill at maxTargetUtilization (0.36 at 0.95·C) the fill target at u' = 0.95 is 0.36, not the
+    proportional model's 0.333: a fill of 0.34 is no longer saturation on calm traffic; noisy traffic keeps 0.3."""
+    plan = PlanNumbers(capacity_rps=50.0, max_batch_size=8, max_queue_delay_us=100, server_budget_ms=90.0,
+                       batch_fill_at_target=0.3, batch_fill_at_max_target=0.36)  # fmt: skip
+    calm = run(ok(50.0, fill=0.34, rate_change_rms=CALM), 1, plan=plan)
+    assert (calm.saturated, calm.desired_replicas, calm.reason) == (False, 1, R.HOLD_WITHIN_TOLERANCE)
+    assert run(ok(50.0, fill=0.36, rate_change_rms=CALM), 1, plan=plan).reason == R.SCALE_OUT_SATURATED
+    noisy = run(ok(50.0, fill=0.31, rate_change_rms=NOISY), 1, plan=plan)
+    assert (noisy.saturated, noisy.reason) == (True, R.SCALE_OUT_SATURATED)
 
 
 def test_unknown_signals_never_raise_the_target() -> None:

@@ -70,6 +70,13 @@ class PlanStatus(_Status):
         description="Mean batch size / maxBatchSize the simulator predicts at targetUtilization x capacity: the "
         "batch fill at which a replica counts as saturated.",
     )
+    batchFillAtMaxTarget: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="The same at maxTargetUtilization x capacity (absent when that is not above "
+        "targetUtilization): with batchFillAtTarget, the saturation fill at a raised effectiveTargetUtilization.",
+    )
     seedRule: SeedRule | None = None
 
 

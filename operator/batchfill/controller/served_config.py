@@ -114,7 +114,7 @@ def served_numbers(
                              f"numbers: {err}")  # fmt: skip
     c = done.candidate
     numbers = PlanNumbers(c.capacity_rps, c.max_batch_size, c.max_queue_delay_us, done.server_budget_ms,
-                          done.batch_fill_at_target)  # fmt: skip
+                          done.batch_fill_at_target, done.batch_fill_at_max_target)  # fmt: skip
     return ServedNumbers(numbers, rolled_back)
 
 

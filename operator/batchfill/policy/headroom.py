@@ -83,12 +83,42 @@ def effective_target_utilization(
     return min(max(u, raised), max(u, min(max_target_utilization, 1.0)))
 
 
-def fill_at_utilization(fill: float, max_batch_size: int, utilization: float, new_utilization: float) -> float:
+def fill_at_utilization(
+    fill: float,
+    max_batch_size: int,
+    utilization: float,
+    new_utilization: float,
+    *,
+    upper: tuple[float, float] | None = None,
+) -> float:
     """The batch fill at ``new_utilization`` × capacity of a replica whose fill is ``fill`` at ``utilization`` ×
-    capacity, in ``[0, 1]``: a batch's samples beyond its first grow with the load per replica
-    (policy/scaling.py, rule 7: ``fill·B - 1`` in proportion to the load). ``max_batch_size`` < 1 or a
-    ``utilization`` ≤ 0 returns ``fill``."""
+    capacity, in ``[0, 1]``.
+
+    ``upper``: a second simulated point, (a higher utilization, the fill there): ``status.plan``'s fill at
+    maxTargetUtilization. Between the two points the fill is interpolated linearly. Beyond them (or without
+    ``upper``) a batch's samples beyond its first grow in proportion to the load (policy/scaling.py, rule 7:
+    ``fill·B - 1`` in proportion to the load), from the nearer point.
+
+    Why two points: near capacity the fill grows faster than the load (a batch gathers the requests that arrive
+    while the one before it runs, and runs longer the larger it is), so the proportional model understates it.
+    On a real tritonserver (tests/cluster/test_calm_headroom.py: fill 0.175 simulated at 0.8·C) one replica
+    filled 0.199 at 0.89·C, above the 0.196 that model gives for 0.95·C, and was taken for saturated. The fill
+    is convex in the load, so the chord between two simulated points is never below the simulated curve.
+
+    The result is at least one sample a batch (``1 / max_batch_size``). ``max_batch_size`` < 1 or a
+    ``utilization`` ≤ 0 returns ``fill``; an ``upper`` whose utilization is not
+    above ``utilization`` or whose fill is not finite in ``[fill, 1]`` is ignored.
+    """
     if max_batch_size < 1 or not utilization > 0:
         return fill
-    moved = (1 + (fill * max_batch_size - 1) * new_utilization / utilization) / max_batch_size
-    return min(1.0, max(0.0, moved))
+    if upper is not None:
+        u_max, f_max = upper
+        if u_max > utilization and math.isfinite(f_max) and fill <= f_max <= 1:
+            if new_utilization <= u_max:
+                if new_utilization >= utilization:
+                    share = (new_utilization - utilization) / (u_max - utilization)
+                    return min(1.0, max(0.0, fill + (f_max - fill) * share))
+            else:
+                fill, utilization = f_max, u_max
+    beyond_first = max(fill * max_batch_size - 1, 0.0)  # a fill below one sample a batch is no batch at all
+    return min(1.0, (1 + beyond_first * new_utilization / utilization) / max_batch_size)

@@ -232,6 +232,7 @@ def _plan_key(spec: BatchedModelSpec) -> str:
         spec.sla,
         spec.batching,
         spec.scaling.targetUtilization,
+        spec.scaling.maxTargetUtilization,
         spec.triton.gpusPerReplica,
         spec.model.stateful,
         spec.model.sequenceStrategy,

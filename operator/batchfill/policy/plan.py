@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from batchfill.api.errors import InfeasibleSLAError, Problem, SpecError
 from batchfill.api.reasons import ConditionType, PlanWarningReason, SpecReason
-from batchfill.api.spec import BatchedModelSpec, BatchingSpec, SequenceStrategy
+from batchfill.api.spec import BatchedModelSpec, BatchingSpec, ScalingSpec, SequenceStrategy
 from batchfill.api.status import PlanStatus, SeedRule
 from batchfill.policy.profile import LatencyProfile
 from batchfill.sim.batcher import BatcherConfig, poisson_unit_arrivals, simulate_batcher
@@ -131,6 +131,9 @@ class PlanResult:
         warnings: conditions to report (e.g. variable-shape inputs).
         batch_fill_at_target: mean batch size / max_batch_size the simulator predicts at
             ``spec.scaling.targetUtilization`` x capacity (None without batching): the fill of a saturated replica.
+        batch_fill_at_max_target: the same at ``spec.scaling.maxTargetUtilization`` x capacity (None without
+            batching, or when that is not above targetUtilization): the fill at the highest target the headroom
+            may be raised to (policy/headroom.py).
     """
 
     chosen: Candidate
@@ -144,6 +147,7 @@ class PlanResult:
     warnings: tuple[PlanWarning, ...]
     rule: str
     batch_fill_at_target: float | None = None
+    batch_fill_at_max_target: float | None = None
 
     def to_status(self) -> PlanStatus:
         """The ``status.plan`` object (rounded: capacities to 4 significant digits, p99 down to 0.01 ms)."""
@@ -168,8 +172,13 @@ class PlanResult:
             minClientTimeoutMs=round(self.min_client_timeout_ms, 2),
             rule=self.rule,
             seedRule=seed,
-            batchFillAtTarget=None if self.batch_fill_at_target is None else round(self.batch_fill_at_target, 3),
+            batchFillAtTarget=_rounded_fill(self.batch_fill_at_target),
+            batchFillAtMaxTarget=_rounded_fill(self.batch_fill_at_max_target),
         )
+
+
+def _rounded_fill(fill: float | None) -> float | None:
+    return None if fill is None else round(fill, 3)
 
 
 def significant(x: float, digits: int = 4) -> float:
@@ -539,7 +548,7 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
             raise InfeasibleSLAError(
                 [Problem("spec.sla.latencyP99Ms", f"no request rate keeps the simulated p99 within the {budget_text}")]
             )
-        return _result(spec, profile, chosen, None, (chosen,), budget, target, warnings, direct, seed, None)
+        return _result(spec, profile, chosen, None, (chosen,), budget, target, warnings, direct, seed, (None, None))
 
     preferred_override = tuple(sorted(b.preferredBatchSizes)) if b.preferredBatchSizes else None
     min_b = max(preferred_override) if preferred_override else 1
@@ -570,8 +579,8 @@ def plan_batching(spec: BatchedModelSpec, *, seed: int = 0) -> PlanResult:
 
     evaluated = _evaluate(evaluator, candidates, seed_cand)
     chosen, seed_done, ordered = _choose(evaluator, candidates, evaluated, seed_cand, budget_of)
-    fill = evaluator.mean_fill(chosen, spec.scaling.targetUtilization * chosen.capacity_rps)
-    return _result(spec, profile, chosen, seed_done, ordered, budget, target, warnings, direct, seed, fill)
+    fills = _fills(evaluator, chosen, spec.scaling)
+    return _result(spec, profile, chosen, seed_done, ordered, budget, target, warnings, direct, seed, fills)
 
 
 @dataclass(frozen=True)
@@ -583,11 +592,13 @@ class ConfigCapacity:
             keeps the simulated p99 within the target) and the p99 at it (ms).
         server_budget_ms: T = latencyP99Ms - networkOverheadMs.
         batch_fill_at_target: mean batch size / max_batch_size at u·C (None without batching or capacity).
+        batch_fill_at_max_target: the same at maxTargetUtilization·C (None also when that is not above u).
     """
 
     candidate: Candidate
     server_budget_ms: float
     batch_fill_at_target: float | None
+    batch_fill_at_max_target: float | None = None
 
 
 def config_capacity(
@@ -621,10 +632,18 @@ def config_capacity(
         cand = Candidate(max_batch_size, sizes, max(0, max_queue_delay_us), executors)
     evaluator = _Evaluator(profile, target, seed)
     chosen = evaluator.confirmed(evaluator.capacity(cand))
-    fill = None
-    if chosen.capacity_rps > 0:
-        fill = evaluator.mean_fill(chosen, spec.scaling.targetUtilization * chosen.capacity_rps)
-    return ConfigCapacity(chosen, budget, fill)
+    return ConfigCapacity(chosen, budget, *_fills(evaluator, chosen, spec.scaling))
+
+
+def _fills(evaluator: _Evaluator, chosen: Candidate, scaling: ScalingSpec) -> tuple[float | None, float | None]:
+    """The simulated batch fill of ``chosen`` at targetUtilization and at maxTargetUtilization x its capacity
+    (the second None unless above the first; both None without capacity or batching)."""
+    if not chosen.capacity_rps > 0:
+        return None, None
+    u, u_max = scaling.targetUtilization, min(scaling.maxTargetUtilization, 1.0)
+    at_target = evaluator.mean_fill(chosen, u * chosen.capacity_rps)
+    at_max = evaluator.mean_fill(chosen, u_max * chosen.capacity_rps) if u_max > u and at_target is not None else None
+    return at_target, at_max
 
 
 def _result(
@@ -638,7 +657,7 @@ def _result(
     warnings: list[PlanWarning],
     direct: bool,
     seed: int,
-    fill_at_target: float | None,
+    fills: tuple[float | None, float | None],
 ) -> PlanResult:
     l_b = profile.latency_ms(chosen.batcher.batch_cap)
     # A request may wait out the delay or the batch in flight, then run its own batch; near capacity the queue
@@ -662,7 +681,8 @@ def _result(
         minimum_slot_utilization=1.0 if direct else None,
         warnings=tuple(warnings),
         rule=rule,
-        batch_fill_at_target=fill_at_target,
+        batch_fill_at_target=fills[0],
+        batch_fill_at_max_target=fills[1],
     )
 
 

@@ -145,6 +145,8 @@ class PlanNumbers:
         server_budget_ms: T = latencyP99Ms - networkOverheadMs.
         batch_fill_at_target: the fill the simulator predicts at u·C (``status.plan.batchFillAtTarget``): a
             replica whose measured fill reaches it carries its target load. None: ``u`` is used instead.
+        batch_fill_at_max_target: the same at maxTargetUtilization·C (``status.plan.batchFillAtMaxTarget``); the
+            saturation fill at a raised ``u'`` lies between the two (policy/headroom.py). None: extrapolated.
     """
 
     capacity_rps: float
@@ -152,6 +154,7 @@ class PlanNumbers:
     max_queue_delay_us: int
     server_budget_ms: float
     batch_fill_at_target: float | None = None
+    batch_fill_at_max_target: float | None = None
 
     @classmethod
     def from_status(cls, plan: PlanStatus) -> PlanNumbers:
@@ -161,6 +164,7 @@ class PlanNumbers:
             plan.maxQueueDelayMicroseconds,
             plan.serverBudgetMs,
             plan.batchFillAtTarget,
+            plan.batchFillAtMaxTarget,
         )
 
 
@@ -295,7 +299,14 @@ def decide(inp: ScalingInput) -> Decision:  # noqa: C901 (the ordered decision t
     if fill_target is None or not (math.isfinite(fill_target) and 0 < fill_target <= 1):
         fill_target = u
     elif u != spec.targetUtilization:  # the plan simulated u·C; a replica meant to carry u'·C fills more
-        fill_target = fill_at_utilization(fill_target, plan.max_batch_size, spec.targetUtilization, u)
+        upper = plan.batch_fill_at_max_target
+        fill_target = fill_at_utilization(
+            fill_target,
+            plan.max_batch_size,
+            spec.targetUtilization,
+            u,
+            upper=None if upper is None else (spec.maxTargetUtilization, upper),
+        )
     saturated = metrics_ok and (
         fill is not None and fill >= fill_target
         if batching
