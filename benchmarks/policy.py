@@ -48,6 +48,7 @@ from batchfill.api.spec import BatchedModelSpec
 from batchfill.compare.autoscalers import BatchfillAutoscaler
 from batchfill.compare.report import SLO_EQUAL_TOLERANCE
 from batchfill.compare.run import Options, Setup, arrivals_per_minute, compare, prepare
+from batchfill.policy.headroom import HEADROOM_Z
 from batchfill.policy.plan import replicas_for
 from batchfill.policy.scaling import PlanNumbers
 from batchfill.sim import traces
@@ -266,8 +267,9 @@ def main() -> int:
         "minute gives on that trace; a policy that cannot see ahead needs headroom the oracle does not.",
         "",
         f"`batchfill` raises the target utilization on calm traffic up to maxTargetUtilization "
-        f"{s.maxTargetUtilization:g} (u' = min(max(u, exp(-s)), u_max), s the root mean square of the request rate's "
-        "60 s log changes over the last 30 min, policy/headroom.py); `batchfill, fixed headroom` is the same "
+        f"{s.maxTargetUtilization:g} (u' = min(max(u, exp(-{HEADROOM_Z:g}s)), u_max), s the root mean square of the "
+        "request rate's 60 s log changes over the last 30 min, policy/headroom.py, the saturation fill at u' between "
+        "the plan's simulated fills at u and u_max); `batchfill, fixed headroom` is the same "
         "policy with maxTargetUtilization = targetUtilization.",
         "",
         "`present at h C` is no policy either: it knows each minute's rate as the minute happens (a perfect "

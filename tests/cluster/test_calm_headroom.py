@@ -8,12 +8,13 @@ Prometheus' TSDB with Debian's promtool (``LocalPrometheus.backfill``): 30 min o
 model had before, replaced by the running ones at the moment the load began, at the same rate with σ 0.02 noise
 per minute. That is what Prometheus holds for a model whose pod was replaced after half an hour of calm traffic.
 
-Checked: a load of 0.88 of one replica's capacity at SLA (1.1 replicas at targetUtilization 0.8, 0.93 at 0.95)
+Checked: a load of 0.88 of one replica's capacity at SLA (1.1 replicas at targetUtilization 0.8, under one at
+the ~0.94 the calm history raises it to)
 
 1. keeps 2 replicas while the model has no 30 min history (the variability is unknown, targetUtilization 0.8
    holds, status.effectiveTargetUtilization 0.8), after minReplicas drops from 2 to 1;
 2. once the history is in Prometheus: status.observed.rateVariability is the small calm figure,
-   status.effectiveTargetUtilization is maxTargetUtilization (0.95), and the model scales in to 1 replica
+   status.effectiveTargetUtilization is exp(-2s) of it (policy/headroom.py), and the model scales in to 1 replica
    (ScaleInLoadFits, the Event saying the target was raised), where it stays with the SLA kept.
 """
 
@@ -27,7 +28,7 @@ import pytest
 
 from batchfill.api.reasons import ScalingReason
 from batchfill.api.spec import DEFAULT_MAX_TARGET_UTILIZATION, GROUP, PLURAL, VERSION
-from batchfill.policy.headroom import RATE_CHANGE_HORIZON_S, RATE_CHANGE_STEP_S
+from batchfill.policy.headroom import RATE_CHANGE_HORIZON_S, RATE_CHANGE_STEP_S, effective_target_utilization
 from batchfill.testbed.triton_history import counter_samples, openmetrics
 
 from .conftest import USE_EXISTING
@@ -46,7 +47,7 @@ TARGET_UTILIZATION = 0.8
 #: The load as a fraction of one replica's capacity at SLA: 2 replicas at 0.8, 1 at 0.95.
 LOAD_OF_CAPACITY = 0.88
 #: Per-minute log-normal noise of the written history; with the live Poisson counts and the hand-over of the
-#: replaced pod the estimate stays far below 0.077, where exp(-s) < 0.88 / 0.95 would need 2 replicas again.
+#: replaced pod the estimate stays far below 0.05, where exp(-2s) < 0.91 would leave the load too near one replica.
 HISTORY_SIGMA = 0.02
 
 
@@ -112,11 +113,14 @@ def test_calm_history_raises_the_target_utilization_and_one_replica_carries_the_
     status = until(
         "the raised target utilization in status",
         lambda: lab.bm(NAME)["status"],
-        lambda s: s.get("effectiveTargetUtilization") == DEFAULT_MAX_TARGET_UTILIZATION,
+        lambda s: s.get("effectiveTargetUtilization", 0) > TARGET_UTILIZATION,
         120,
     )
     variability = status["observed"]["rateVariability"]
     assert 0 < variability < 0.05, status["observed"]
+    raised = effective_target_utilization(TARGET_UTILIZATION, DEFAULT_MAX_TARGET_UTILIZATION, variability)
+    assert status["effectiveTargetUtilization"] == pytest.approx(raised, abs=0.006), status
+    assert raised > LOAD_OF_CAPACITY + 0.03, "the test's load must fit one replica at the raised target"
     until("scale-in to 1", lambda: lab.replicas(NAME), lambda n: n == 1, 90)
     status = lab.bm(NAME)["status"]
     assert status["lastScaleReason"] == ScalingReason.SCALE_IN_LOAD_FITS, status

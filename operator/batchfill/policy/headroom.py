@@ -1,22 +1,24 @@
 """The headroom that follows the traffic: the target utilization raised on calm traffic.
 
-``spec.scaling.targetUtilization`` (u) keeps the headroom the next minute's rise needs on noisy traffic. On calm
-traffic that headroom is idle GPUs. The *rate variability* ``s`` measures how far the load moves in the time a
-new replica takes to serve (a minute): the root mean square of the natural-log changes of the model's request
-rate over :data:`RATE_CHANGE_LAG_S`, over the last :data:`RATE_CHANGE_HORIZON_S`::
+``spec.scaling.targetUtilization`` (u) keeps the headroom the next minutes' rise needs on noisy traffic. On calm
+traffic that headroom is idle GPUs. The *rate variability* ``s`` measures how far the load moves in a minute:
+the root mean square of the natural-log changes of the model's request rate over :data:`RATE_CHANGE_LAG_S`,
+over the last :data:`RATE_CHANGE_HORIZON_S`::
 
     x(t) = ln r(t) - ln r(t - 60 s)          r: the model's request rate over the 60 s before t, all pods
     s    = sqrt(mean of x(t)^2)              t every 15 s in (now - 30 min, now], both rates > 0
 
 and the target utilization in effect is
 
-    u' = min(max(u, exp(-z*s)), max(u, u_max))      z = 1, u_max = spec.scaling.maxTargetUtilization
+    u' = min(max(u, exp(-z*s)), max(u, u_max))      z = 2, u_max = spec.scaling.maxTargetUtilization
 
-A load that moves by a fraction ``s`` per minute is covered ``z`` standard deviations ahead (for small ``s``,
-``exp(-s) ≈ 1/(1 + s)``: capacity for a rise of ``s``). ``u'`` never goes below ``u``, so noisy traffic keeps
-the user's headroom and calm traffic runs nearer capacity; with ``maxTargetUtilization ≤ targetUtilization``
-the headroom is fixed. The estimate is ``None`` (and ``u' = u``) until :data:`MIN_RATE_CHANGES` of the
-horizon's changes exist: after a quiet spell, at the start of a model, or where Prometheus keeps too little.
+A load that moves by a fraction ``s`` per minute is covered for ``z`` such moves (for small ``s``,
+``exp(-z*s) ≈ 1/(1 + z*s)``: capacity for a rise of ``z*s``): a replica asked for when the evidence shows
+saturation at ``u'·C`` serves about two minutes after the rise began (the signal window, a tick, start-up).
+``u'`` never goes below ``u``, so noisy traffic keeps the user's headroom and calm traffic runs nearer capacity;
+with ``maxTargetUtilization ≤ targetUtilization`` the headroom is fixed. The estimate is ``None`` (and
+``u' = u``) until :data:`MIN_RATE_CHANGES` of the horizon's changes exist: after a quiet spell, at the start of
+a model, or where Prometheus keeps too little.
 
 The operator reads ``s`` from Prometheus (adapters/metrics.py builds the subquery from these constants); the
 fleet simulator computes it from its own window rates with :func:`rate_change_rms`, the same estimator.
@@ -38,8 +40,10 @@ RATE_CHANGE_HORIZON_S = 1800
 RATE_CHANGE_STEP_S = 15
 #: The fewest changes (half of the horizon's) that give an estimate.
 MIN_RATE_CHANGES = RATE_CHANGE_HORIZON_S // RATE_CHANGE_STEP_S // 2
-#: Standard deviations of the next minute's change the headroom covers.
-HEADROOM_Z = 1.0
+#: Minutes of the rate's typical change the headroom covers: from a rise to the capacity for it pass the signal
+#: window (60 s), a tick and a replica's start-up (docs/design-notes.md, Autoscaling: 1 lost 99.9 % on steep
+#: smooth days once the saturation fill at ``u'`` was simulated, 1.5 on one of them).
+HEADROOM_Z = 2.0
 
 
 def rate_change_rms(rates_rps: Mapping[int, float], now_s: int) -> tuple[float | None, int]:
