@@ -6,13 +6,16 @@ with a real tritonserver running the sleep model, Poisson load spread round-robi
 looks back 30 min, which no test can afford to serve live, so the model's history before the test is written into
 Prometheus' TSDB with Debian's promtool (``LocalPrometheus.backfill``): 30 min of Triton's counters of a pod the
 model had before, replaced by the running ones at the moment the load began, at the same rate with σ 0.02 noise
-per minute. That is what Prometheus holds for a model whose pod was replaced after half an hour of calm traffic.
+per minute (its last 2 min scraped every second, like the live pods, so that Prometheus' extrapolation at the
+hand-over adds no step). That is what Prometheus holds for a model whose pod was replaced after half an hour of
+calm traffic.
 
-Checked: a load of 0.88 of one replica's capacity at SLA (1.1 replicas at targetUtilization 0.8, under one at
-the ~0.94 the calm history raises it to)
+Checked: a load of 0.82 of one replica's capacity at SLA (1.17 replicas at targetUtilization 0.7, under one at
+the ~0.94 the calm history raises it to; the wide band keeps the test clear of the load generator's shortfall
+and of the fill's noise)
 
-1. keeps 2 replicas while the model has no 30 min history (the variability is unknown, targetUtilization 0.8
-   holds, status.effectiveTargetUtilization 0.8), after minReplicas drops from 2 to 1;
+1. keeps 2 replicas while the model has no 30 min history (the variability is unknown, targetUtilization 0.7
+   holds, status.effectiveTargetUtilization 0.7), after minReplicas drops from 2 to 1;
 2. once the history is in Prometheus: status.observed.rateVariability is the small calm figure,
    status.effectiveTargetUtilization is exp(-2s) of it (policy/headroom.py), and the model scales in to 1 replica
    (ScaleInLoadFits, the Event saying the target was raised), where it stays with the SLA kept.
@@ -43,12 +46,15 @@ pytestmark = [
 ]
 
 NAME = "calm"
-TARGET_UTILIZATION = 0.8
-#: The load as a fraction of one replica's capacity at SLA: 2 replicas at 0.8, 1 at 0.95.
-LOAD_OF_CAPACITY = 0.88
-#: Per-minute log-normal noise of the written history; with the live Poisson counts and the hand-over of the
-#: replaced pod the estimate stays far below 0.05, where exp(-2s) < 0.91 would leave the load too near one replica.
+TARGET_UTILIZATION = 0.7
+#: The load as a fraction of one replica's capacity at SLA: 2 replicas at 0.7, 1 at the raised target.
+LOAD_OF_CAPACITY = 0.82
+#: Per-minute log-normal noise of the written history. With the live Poisson counts and the outage of the
+#: restart the estimate was 0.028-0.033; above 0.07, exp(-2s) < 0.87 would leave the load too near one replica.
 HISTORY_SIGMA = 0.02
+MAX_VARIABILITY = 0.07
+#: The replaced pod's last seconds scraped every second (as the live pods are), earlier ones every 15 s.
+FINE_SCRAPES_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -58,18 +64,17 @@ def lab(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 def replaced_pod_history(ns: str, model: str, rate_rps: float, end_s: int, seed: int = 11) -> str:
-    """Triton's counters of the pod ``model`` had for ``RATE_CHANGE_HORIZON_S`` before ``end_s`` (Unix s), one
-    sample per ``RATE_CHANGE_STEP_S`` ending exactly at ``end_s``: ``rate_rps`` with log-normal noise of σ
-    ``HISTORY_SIGMA`` per minute."""
+    """Triton's counters of the pod ``model`` had for a little more than ``RATE_CHANGE_HORIZON_S`` before ``end_s``
+    (Unix s), ending exactly at ``end_s``: ``rate_rps`` with log-normal noise of σ ``HISTORY_SIGMA`` per minute,
+    a sample every ``RATE_CHANGE_STEP_S``, and every second over the last ``FINE_SCRAPES_S``."""
     rng = np.random.default_rng(seed)
-    steps = int(RATE_CHANGE_HORIZON_S // RATE_CHANGE_STEP_S) + 8  # a little more than the horizon
-    per_minute = rate_rps * np.exp(rng.normal(0.0, HISTORY_SIGMA, steps // 4 + 2))
+    start = end_s - RATE_CHANGE_HORIZON_S - 120
+    times = [*range(start, end_s - FINE_SCRAPES_S, RATE_CHANGE_STEP_S), *range(end_s - FINE_SCRAPES_S, end_s + 1)]
+    per_minute = rate_rps * np.exp(rng.normal(0.0, HISTORY_SIGMA, (end_s - start) // 60 + 1))
     lines: list[str] = []
     served = 0.0
-    for k in range(steps + 1):
-        t = end_s - (steps - k) * int(RATE_CHANGE_STEP_S)
-        if k:
-            served += float(per_minute[k // 4]) * RATE_CHANGE_STEP_S
+    for before, t in zip([start, *times], times, strict=False):
+        served += float(per_minute[(t - start) // 60]) * (t - before)
         lines += counter_samples(ns, f"{model}-triton-replaced", model, t, served)
     return openmetrics(lines)
 
@@ -78,6 +83,7 @@ def test_calm_history_raises_the_target_utilization_and_one_replica_carries_the_
     lab.following = NAME
     body = sleep_model(NAME, "Auto")
     body["spec"]["scaling"]["minReplicas"] = 2
+    body["spec"]["scaling"]["targetUtilization"] = TARGET_UTILIZATION
     lab.custom.create_namespaced_custom_object(GROUP, VERSION, lab.ns, PLURAL, body)
     bm = until("Planned", lambda: lab.bm(NAME), is_planned, 60)
     capacity = bm["status"]["plan"]["capacityPerReplicaRps"]
@@ -89,11 +95,11 @@ def test_calm_history_raises_the_target_utilization_and_one_replica_carries_the_
     until(
         "signals of the load",
         lambda: lab.bm(NAME)["status"].get("observed") or {},
-        lambda o: o.get("requestRate", 0) > 0.85 * rate,  # a whole signal window of it
+        lambda o: o.get("requestRate", 0) > 0.9 * rate,  # a whole signal window of it
         60,
     )
 
-    # 1. no history: the user's headroom holds, and at 0.8 the load needs both replicas
+    # 1. no history: the user's headroom holds, and at 0.7 the load needs both replicas
     lab.custom.patch_namespaced_custom_object(
         GROUP, VERSION, lab.ns, PLURAL, NAME, {"spec": {"scaling": {"minReplicas": 1}}}
     )
@@ -117,7 +123,7 @@ def test_calm_history_raises_the_target_utilization_and_one_replica_carries_the_
         120,
     )
     variability = status["observed"]["rateVariability"]
-    assert 0 < variability < 0.05, status["observed"]
+    assert 0 < variability < MAX_VARIABILITY, status["observed"]
     raised = effective_target_utilization(TARGET_UTILIZATION, DEFAULT_MAX_TARGET_UTILIZATION, variability)
     assert status["effectiveTargetUtilization"] == pytest.approx(raised, abs=0.006), status
     assert raised > LOAD_OF_CAPACITY + 0.03, "the test's load must fit one replica at the raised target"
@@ -141,7 +147,8 @@ def test_calm_history_raises_the_target_utilization_and_one_replica_carries_the_
     plan = status["plan"]
     print(
         f"C {capacity:.1f} rps, load {rate:.1f} rps, variability {variability:.4f}, plan's fill "
-        f"{plan['batchFillAtTarget']} at 0.8 C and {plan['batchFillAtMaxTarget']} at 0.95 C; one replica: {observed}"
+        f"{plan['batchFillAtTarget']} at {TARGET_UTILIZATION} C and {plan['batchFillAtMaxTarget']} at 0.95 C; "
+        f"one replica: {observed}"
     )
     assert set(after) == {1}, (after, scale_events(lab, NAME)[-3:])
     assert observed["requestRate"] == pytest.approx(rate, rel=0.3), observed

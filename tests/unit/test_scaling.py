@@ -7,6 +7,7 @@ Risk thresholds: p99 ≥ 81 ms (0.9·T) or queue time beyond the delay ≥ 22.5 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -669,6 +670,11 @@ def test_the_saturation_fill_at_a_raised_target_comes_from_the_plans_two_simulat
     assert run(ok(50.0, fill=0.36, rate_change_rms=CALM), 1, plan=plan).reason == R.SCALE_OUT_SATURATED
     noisy = run(ok(50.0, fill=0.31, rate_change_rms=NOISY), 1, plan=plan)
     assert (noisy.saturated, noisy.reason) == (True, R.SCALE_OUT_SATURATED)
+    # u' = 0.9 (exp(-2s)): the chord's 0.3 + 0.06 * (0.1 / 0.15) = 0.34
+    between = -math.log(0.9) / 2
+    d = run(ok(42.0, fill=0.335, rate_change_rms=between), 1, plan=plan)
+    assert (d.target_utilization, d.saturated, d.reason) == (pytest.approx(0.9), False, R.HOLD_WITHIN_TOLERANCE)
+    assert run(ok(42.0, fill=0.345, rate_change_rms=between), 1, plan=plan).reason == R.SCALE_OUT_SATURATED
 
 
 def test_unknown_signals_never_raise_the_target() -> None:

@@ -476,7 +476,7 @@ class ScalingSpec(_Model):
         gt=0,
         le=1,
         description="Fraction of a replica's capacity at SLA it may carry before another is added, on noisy "
-        "traffic: the headroom for the next minute's rise.",
+        "traffic: the headroom for the rise of the next minutes.",
     )
     maxTargetUtilization: float = Field(
         default=DEFAULT_MAX_TARGET_UTILIZATION,
