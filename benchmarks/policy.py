@@ -1,6 +1,7 @@
 """The scaling policy on generated noisy traffic: today's rule against its previous version and KEDA-rps at u·C.
 
-Writes ``docs/benchmarks/policy.md`` (linked from ``docs/benchmarks.md``). For the seed example's profile
+Writes ``docs/benchmarks/policy.md`` and ``benchmarks/out/policy.json``, which ``fleet_cost.py`` summarizes in
+``docs/benchmarks.md`` (run this first). For the seed example's profile
 (``fleet_cost.load_spec``: maxReplicas 64), every trace is simulated under three autoscalers on the same
 arrivals:
 
@@ -32,6 +33,7 @@ Run: PYTHONPATH=operator .venv/bin/python benchmarks/policy.py [--hours H] [--do
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import platform
 import subprocess
@@ -59,6 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The commit whose scaling policy is "today's" for this comparison (the branch point of the policy work).
 BASELINE_COMMIT = "dc33a0a"
 SCALING = "operator/batchfill/policy/scaling.py"
+#: The figures ``fleet_cost.py`` summarizes in ``docs/benchmarks.md`` (not committed, like the other outputs).
+SUMMARY_JSON = ROOT / "benchmarks" / "out" / "policy.json"
 #: How far ahead the oracle knows the rate, seconds: Options().startup_s + Options().tick_s.
 ORACLE_LOOKAHEAD_S = Options().startup_s + Options().tick_s
 MAX_LOWER_BOUND_RATIO = 1.10
@@ -188,14 +192,20 @@ def baseline_run(spec: BatchedModelSpec, st: Setup, trace: traces.Trace, module:
     return simulate_fleet(trace, fleet_config(spec, st, trace), auto)
 
 
+def targets_met(ours: FleetRun, keda: FleetRun, bound_s: float) -> tuple[bool, bool, bool]:
+    """Whether ``ours`` meets each target against ``keda`` (module docstring): ≤ 1.10 x the bound at ≥ 99.9 %,
+    ≥ 10 % fewer GPU-hours at equal or better attainment, fewer scale events."""
+    ok1 = ours.gpu_seconds / bound_s <= MAX_LOWER_BOUND_RATIO and ours.slo_attainment >= MIN_SLO
+    saving = 1 - ours.gpu_seconds / keda.gpu_seconds
+    ok2 = saving >= MIN_SAVING_VS_KEDA and ours.slo_attainment >= keda.slo_attainment - SLO_EQUAL_TOLERANCE
+    return ok1, ok2, ours.scale_events < keda.scale_events
+
+
 def verdicts(ours: FleetRun, keda: FleetRun, bound_s: float) -> list[str]:
     """The three targets, met or missed by how much."""
     ratio = ours.gpu_seconds / bound_s
-    ok1 = ratio <= MAX_LOWER_BOUND_RATIO and ours.slo_attainment >= MIN_SLO
     saving = 1 - ours.gpu_seconds / keda.gpu_seconds
-    equal_or_better = ours.slo_attainment >= keda.slo_attainment - SLO_EQUAL_TOLERANCE
-    ok2 = saving >= MIN_SAVING_VS_KEDA and equal_or_better
-    ok3 = ours.scale_events < keda.scale_events
+    ok1, ok2, ok3 = targets_met(ours, keda, bound_s)
     return [
         ("met" if ok1 else "**missed**") + f" ({ratio:.3f} x, {ours.slo_attainment:.3%})",
         ("met" if ok2 else "**missed**")
@@ -205,8 +215,28 @@ def verdicts(ours: FleetRun, keda: FleetRun, bound_s: float) -> list[str]:
     ]
 
 
-def run_set(spec: BatchedModelSpec, st: Setup, module: types.ModuleType, ts: list[traces.Trace]) -> list[str]:
-    """Markdown table rows for one trace set (printing progress)."""
+def run_record(run: FleetRun, keda: FleetRun, bound_s: float) -> dict[str, object]:
+    """One run's figures for ``benchmarks/out/policy.json`` (read by ``fleet_cost.policy_section``)."""
+    record: dict[str, object] = {
+        "gpuHours": run.gpu_hours,
+        "xBound": run.gpu_seconds / bound_s,
+        "sloAttainment": run.slo_attainment,
+        "scaleEvents": run.scale_events,
+    }
+    if run is not keda:
+        record["met"] = list(targets_met(run, keda, bound_s))
+    return record
+
+
+def run_set(
+    spec: BatchedModelSpec,
+    st: Setup,
+    module: types.ModuleType,
+    ts: list[traces.Trace],
+    records: list[dict[str, object]] | None = None,
+) -> list[str]:
+    """Markdown table rows for one trace set (printing progress); each trace's runs are appended to
+    ``records`` (:func:`run_record`, keyed by policy name)."""
     lines = [
         "| trace | policy | GPU-h | x bound | SLO attainment | scale events | ≤ 1.10 x at ≥ 99.9 % "
         "| ≥ 10 % under keda-rps | fewer events |",
@@ -221,6 +251,9 @@ def run_set(spec: BatchedModelSpec, st: Setup, module: types.ModuleType, ts: lis
         fixed = fixed_headroom_run(spec, st, tr)
         present = present_run(spec, st, tr)
         bound = c.lower_bound_gpu_seconds
+        if records is not None:
+            runs = (ours, fixed, keda, oracle, present)
+            records.append({"trace": tr.name, "runs": {r.policy: run_record(r, keda, bound) for r in runs}})
         for run in (ours, fixed, old, keda, oracle, present):
             cells = verdicts(run, keda, bound) if run is not keda else ["", "", ""]
             lines.append(
@@ -241,8 +274,10 @@ def main() -> int:
     st = prepare(spec)
     module = load_baseline()
     day_s = args.hours * 3600.0
-    tuned = run_set(spec, st, module, tuned_traces(day_s))
-    held = run_set(spec, st, module, held_out_traces(day_s))
+    tuned_records: list[dict[str, object]] = []
+    held_records: list[dict[str, object]] = []
+    tuned = run_set(spec, st, module, tuned_traces(day_s), tuned_records)
+    held = run_set(spec, st, module, held_out_traces(day_s), held_records)
     descriptions = [f"- {t.name}: {t.description}" for t in tuned_traces(day_s)]
     held_desc = [f"- {t.name}: {t.description}" for t in held_out_traces(day_s)]
     s = spec.scaling
@@ -292,7 +327,14 @@ def main() -> int:
         "",
     ]
     Path(args.docs).write_text("\n".join(doc), encoding="utf-8")
-    print(f"wrote {args.docs}")
+    SUMMARY_JSON.parent.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "hours": args.hours,
+        "targets": {"xBound": MAX_LOWER_BOUND_RATIO, "minSlo": MIN_SLO, "savingVsKeda": MIN_SAVING_VS_KEDA},
+        "sets": {"tuned": tuned_records, "heldOut": held_records},
+    }
+    SUMMARY_JSON.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.docs} and {SUMMARY_JSON}")
     return 0
 
 
