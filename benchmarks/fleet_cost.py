@@ -277,6 +277,15 @@ def markdown(
 
 
 #: What the fleet of shared GPUs is called in each run of benchmarks/fleet_shared.py, in the order shown.
+def _summary(path: Path, title: str, producer: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """``(figures, lines)``: the JSON another benchmark wrote at ``path`` and the section's heading lines, or
+    ``(None, lines)`` saying that ``producer`` has to run first."""
+    head = [f"## {title}", ""]
+    if not path.exists():
+        return None, [*head, f"`{path.relative_to(ROOT)}` is missing: run `{producer}` first.", ""]
+    return json.loads(path.read_text(encoding="utf-8")), head
+
+
 POLICY_SETS = {"tuned": "tuned", "heldOut": "held out"}
 
 
@@ -287,10 +296,9 @@ def _missed_by(met: bool, text: str) -> str:
 def policy_section() -> list[str]:
     """The scaling policy's targets on noisy traffic: the per-trace verdicts ``benchmarks/policy.py`` wrote
     (POLICY_JSON), met or missed by how much, and how many traces meet each."""
-    head = ["## Scaling policy targets on noisy traffic", ""]
-    if not POLICY_JSON.exists():
-        return [*head, f"`{POLICY_JSON.relative_to(ROOT)}` is missing: run `benchmarks/policy.py` first.", ""]
-    data = json.loads(POLICY_JSON.read_text(encoding="utf-8"))
+    data, head = _summary(POLICY_JSON, "Scaling policy targets on noisy traffic", "benchmarks/policy.py")
+    if data is None:
+        return head
     t = data["targets"]
     lines = [
         *head,
@@ -366,10 +374,9 @@ SHARED_RUNS = {
 
 def shared_section() -> list[str]:
     """Shared GPUs over a day: the headline figures ``benchmarks/fleet_shared.py`` wrote (SHARED_JSON)."""
-    head = ["## Shared GPUs: a fleet of 50 models over a day", ""]
-    if not SHARED_JSON.exists():
-        return [*head, f"`{SHARED_JSON.relative_to(ROOT)}` is missing: run `benchmarks/fleet_shared.py` first.", ""]
-    data = json.loads(SHARED_JSON.read_text(encoding="utf-8"))
+    data, head = _summary(SHARED_JSON, "Shared GPUs: a fleet of 50 models over a day", "benchmarks/fleet_shared.py")
+    if data is None:
+        return head
     t = data["targets"]
     lines = [
         *head,
