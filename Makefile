@@ -39,7 +39,7 @@ setup: $(STAMP)
 # The real Kubernetes control plane (etcd, kube-apiserver, scheduler, controller-manager, kubectl, kwok) and
 # helm, built from Go modules into ${BATCHFILL_K8S_CACHE:-~/.cache/batchfill/k8s} (outside the repo; rebuilt only
 # when missing).
-# A cold build takes 15-25 minutes on 2 cores (917 s idle, 1,502 s on a busy machine). The fake-GPU device plugin (tools/fake-gpu-plugin/) is
+# A cold build takes 12-25 minutes on 2 cores (751 and 917 s idle, 756 and 1,502 s on a busy machine). The fake-GPU device plugin (tools/fake-gpu-plugin/) is
 # rebuilt there whenever its source changes (seconds).
 tools:
 	scripts/build-k8s.sh

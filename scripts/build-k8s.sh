@@ -166,7 +166,7 @@ k8s_build() {  # label binaries... : go get + go build k8s.io/kubernetes/cmd/<bi
 if [ $need_k8s = 1 ]; then
   t0=$(date +%s)
   wrapper_module
-  log "go build $K8S_BINS (cold: ~11 min on 2 cores, ~25 s with a warm Go build cache)"
+  log "go build $K8S_BINS (cold: 8-11 min on 2 cores, ~25 s with a warm Go build cache)"
   # shellcheck disable=SC2086
   k8s_build control-plane $K8S_BINS
   timing="$timing k8s=$(( $(date +%s) - t0 ))s"

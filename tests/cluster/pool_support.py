@@ -212,6 +212,19 @@ def figures(load: BalancedLoad, window: tuple[float, float] | None = None) -> tu
     return len(samples), len(samples) - len(answered), p99
 
 
+def slowest(
+    load: BalancedLoad, t0: float, window: tuple[float, float] | None = None, n: int = 6
+) -> list[tuple[float, str, float, float]]:
+    """The ``n`` slowest answered requests (of those due in ``window``, monotonic s, if given): when each was due
+    (s after ``t0``), where it went, its latency and how late the load generator sent it (ms)."""
+    due = [s for s in list(load.samples) if window is None or window[0] <= s.due_s < window[1]]
+    answered = sorted((s for s in due if s.latency_ms is not None), key=lambda s: -(s.latency_ms or 0))
+    return [
+        (round(s.due_s - t0, 1), s.endpoint, round(s.latency_ms or 0, 1), round(s.late_ms or 0, 1))
+        for s in answered[:n]
+    ]
+
+
 def models_on(pod: Any) -> list[str]:
     """The ``models.batchfill.io/`` labels the pod carries as loaded."""
     return sorted(k for k, v in (pod.metadata.labels or {}).items() if k.startswith("models.") and v == LOADED)

@@ -55,6 +55,7 @@ from .pool_support import (
     models_on,
     pod_ready,
     repository_index,
+    slowest,
     states_of,
 )
 from .support import Sampler, real_node_lab, wait_for, write_sleep_model
@@ -317,12 +318,6 @@ def come_back(pool: Pool, marks: dict[str, float]) -> None:
     drained(pool, "coming back")
 
 
-def slowest(load: BalancedLoad, t0: float, n: int = 6) -> list[tuple[float, str, float]]:
-    """The ``n`` slowest answered requests: when each was due (s after ``t0``), where it went, its latency (ms)."""
-    answered = sorted((s for s in list(load.samples) if s.latency_ms is not None), key=lambda s: -(s.latency_ms or 0))
-    return [(round(s.due_s - t0, 1), s.endpoint, round(s.latency_ms or 0, 1)) for s in answered[:n]]
-
-
 def report(
     watch: MoveWatch, marks: dict[str, float], neighbours: list[tuple[Sleep, BalancedLoad]], mover: BalancedLoad
 ) -> None:
@@ -339,7 +334,8 @@ def report(
         lost = [(round(s.due_s - t0, 1), s.endpoint) for s in list(load.samples) if s.latency_ms is None]
         sla = "" if m == MOVER else f", SLA {m.p99_ms} ms"
         print(f"  {m.name}: {sent} sent, {failed} failed, client p99 {p99:.1f} ms{sla}; failed at {lost[:10]}")
-        print(f"    slowest (s after the rate went up, endpoint, ms): {slowest(load, t0)}")
+        print(f"    slowest (s after the rate went up, endpoint, ms, of which the generator's lateness): "
+              f"{slowest(load, t0)}")  # fmt: skip
         if failed or not sent or (m != MOVER and not p99 <= m.p99_ms):
             bad.append((m.name, sent, failed, round(p99, 1)))
     assert not bad, bad

@@ -23,6 +23,7 @@ back to ``minPods`` = 0 pods). Every request's outcome is counted and the figure
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -50,6 +51,7 @@ from .pool_support import (
     pod_ready,
     pool_doc,
     repository_index,
+    slowest,
     states_of,
 )
 from .shared_agreement import GPU_TOLERANCE, Figures, disagreements, fleet_of, planned, simulated
@@ -278,6 +280,7 @@ def test_poisson_load_on_all_six_within_their_slas(pool: SharedPool) -> None:
     after the plan has reacted. The whole run's p99 is printed beside it: before the pool grows, the six models
     share one emulated GPU, which the plan does not admit at these rates, for the rate window (30 s) plus a pod's
     start."""
+    print(f"\nthreads of this process before the load: {sorted(t.name for t in threading.enumerate())}")
     loads = pool.loads(MODELS, seed=100)
     with ExitStack() as stack:
         for _, endpoints, _load in loads:
@@ -315,6 +318,8 @@ def test_poisson_load_on_all_six_within_their_slas(pool: SharedPool) -> None:
             f"{p99:.1f} ms over the run; server p99 (Prometheus summary) "
             f"{'n/a' if s99 is None else f'{s99:.1f} ms'}; {sent} sent, {failed} failed"
         )
+        print(f"    slowest in the steady window (s, endpoint, ms, of which the generator's lateness): "
+              f"{slowest(load, watch.t0, window)}")  # fmt: skip
         if failed or not steady_p99 <= m.p99_ms:
             bad.append((m.name, sent, failed, round(steady_p99, 1), m.p99_ms))
     print(f"  total: {total_sent} sent, {total_failed} failed")

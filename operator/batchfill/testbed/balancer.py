@@ -25,11 +25,14 @@ WARM_TIMEOUT_S = 5.0
 
 @dataclass
 class Sample:
-    """One request: when it was due (monotonic s), where it went, its latency (ms; None if it failed)."""
+    """One request: when it was due (monotonic s), where it went, its latency from when it was due (ms; None if it
+    failed), and how late the generator handed it to the client (ms; None if it never was): the part of the
+    latency that is the load generator's own (its event loop or its process busy), not the server's."""
 
     due_s: float
     endpoint: str
     latency_ms: float | None
+    late_ms: float | None = None
 
 
 @dataclass
@@ -98,15 +101,16 @@ class BalancedLoad:
         turn = 0
 
         async def one(due: float, endpoint: str) -> None:
+            late_ms = (time.monotonic() - due) * 1e3
             client = clients.get(endpoint)
             if client is None:
                 client = clients[endpoint] = grpcaio.InferenceServerClient(endpoint)
             try:
                 await client.infer(self.model, inputs, client_timeout=self.timeout_s)
             except Exception:  # counted as a failure; the load goes on
-                self.samples.append(Sample(due, endpoint, None))
+                self.samples.append(Sample(due, endpoint, None, late_ms))
                 return
-            self.samples.append(Sample(due, endpoint, (time.monotonic() - due) * 1e3))
+            self.samples.append(Sample(due, endpoint, (time.monotonic() - due) * 1e3, late_ms))
 
         try:
             for endpoint in self.endpoints():

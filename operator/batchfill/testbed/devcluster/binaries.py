@@ -131,7 +131,7 @@ def ensure_binaries(
     say = progress if progress is not None else printer
     log = log_path or cache_root() / K8S_VERSION / "build.log"
     t0 = time.monotonic()
-    say(f"building {', '.join(missing)} from Go modules (cold: ~15 min on 2 cores, once); log: {log}")
+    say(f"building {', '.join(missing)} from Go modules (cold: 12-25 min on 2 cores, once); log: {log}")
     returncode = run_build(script, log, say, kubelet)
     if returncode != 0:
         what = {3: "no usable Go toolchain (Go >= 1.26 needed)"}.get(returncode, "the build failed")
