@@ -16,8 +16,6 @@ advertise ``nvidia.com/gpu`` for the GPU tests (on kind: patch the node status; 
 from __future__ import annotations
 
 import os
-import threading
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,15 +116,3 @@ def kube(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         survivors = [f"{n}({pid})" for n, pid in info.pids.items() if Path(f"/proc/{pid}").exists()]
         assert not survivors, f"dev-cluster processes survived cluster_down: {survivors}"
         assert not run_dir.exists(), f"cluster_down left {run_dir}"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _threads_left_behind() -> Iterator[None]:
-    """Warn about threads a module started and left running: the cluster tests share one pytest process, so a
-    leftover thread (a load generator, a watcher) takes the GIL from the load generators of every later module
-    and shows up in their client latency, not in the server's."""
-    before = {t.ident for t in threading.enumerate()}
-    yield
-    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
-    if left:
-        warnings.warn(f"threads left running after the module: {sorted(left)}", stacklevel=1)
