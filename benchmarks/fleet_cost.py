@@ -276,7 +276,6 @@ def markdown(
     return "\n".join(lines)
 
 
-#: What the fleet of shared GPUs is called in each run of benchmarks/fleet_shared.py, in the order shown.
 def _summary(path: Path, title: str, producer: str) -> tuple[dict[str, Any] | None, list[str]]:
     """``(figures, lines)``: the JSON another benchmark wrote at ``path`` and the section's heading lines, or
     ``(None, lines)`` saying that ``producer`` has to run first."""
@@ -364,6 +363,7 @@ def policy_section() -> list[str]:
     return lines
 
 
+#: What the fleet of shared GPUs is called in each run of benchmarks/fleet_shared.py, in the order shown.
 SHARED_RUNS = {
     "operator": "what the operator does: re-planned 120 s into each period on the rates observed in it",
     "oracle": "planned on each period's own mean rate (an oracle forecast)",

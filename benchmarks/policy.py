@@ -233,7 +233,7 @@ def run_set(
     st: Setup,
     module: types.ModuleType,
     ts: list[traces.Trace],
-    records: list[dict[str, object]] | None = None,
+    records: list[dict[str, object]],
 ) -> list[str]:
     """Markdown table rows for one trace set (printing progress); each trace's runs are appended to
     ``records`` (:func:`run_record`, keyed by policy name)."""
@@ -251,9 +251,8 @@ def run_set(
         fixed = fixed_headroom_run(spec, st, tr)
         present = present_run(spec, st, tr)
         bound = c.lower_bound_gpu_seconds
-        if records is not None:
-            runs = (ours, fixed, keda, oracle, present)
-            records.append({"trace": tr.name, "runs": {r.policy: run_record(r, keda, bound) for r in runs}})
+        runs = (ours, fixed, keda, oracle, present)
+        records.append({"trace": tr.name, "runs": {r.policy: run_record(r, keda, bound) for r in runs}})
         for run in (ours, fixed, old, keda, oracle, present):
             cells = verdicts(run, keda, bound) if run is not keda else ["", "", ""]
             lines.append(
